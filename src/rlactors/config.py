@@ -1,0 +1,344 @@
+"""Configuration: one pydantic model per component, loaded from YAML with dotted overrides.
+
+    config = load_config("examples/quickstart_cpu.yaml", ["trainer.optim.lr=2e-5"])
+    dump_config(config, "run/config.yaml")
+
+Every field has a description; unknown keys are errors. A bad key or value raises `ConfigError`
+naming the full dotted path (`trainer.optim.lr`) and, where the field is a choice, the allowed values.
+"""
+
+from __future__ import annotations
+
+import re
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class ConfigError(ValueError):
+    """A configuration key or value is wrong; the message names the dotted path."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    path: str = Field(
+        ".cache/models/small",
+        description="Local Hugging Face model folder (config.json, safetensors, tokenizer). "
+        "A real checkpoint such as a Qwen3-8B folder loads through the same code.",
+    )
+    preset: Literal["tiny", "small"] | None = Field(
+        "small",
+        description="If set and `path` holds no model yet, build a random-init model of this size "
+        "there (tiny ~0.3M, small ~3M params). Set to null for real checkpoints.",
+    )
+    architecture: Literal["qwen2", "qwen3"] = Field(
+        "qwen2", description="Architecture of a model built from `preset`."
+    )
+    seed: int = Field(0, description="Seed of the random init of a model built from `preset`.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Weight dtype for rollout and training; auto is float32 on CPU, bfloat16 on GPU."
+    )
+
+
+class SamplingConfig(_Section):
+    num_samples_per_prompt: int = Field(8, ge=1, description="Responses generated per prompt (the group size).")
+    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature; 0 is greedy.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling probability mass.")
+    top_k: int = Field(-1, ge=-1, description="Top-k sampling; -1 disables it.")
+    max_response_tokens: int = Field(8, ge=1, description="Most tokens generated per response.")
+    stop: list[str] = Field(default_factory=list, description="Strings that end a response (not included).")
+    seed: int | None = Field(None, description="Sampling seed; null draws a fresh one per request.")
+
+
+class RolloutConfig(_Section):
+    num_engines: int = Field(1, ge=1, description="vLLM engine replicas (data parallel).")
+    tensor_parallel_size: int = Field(1, ge=1, description="Devices per engine (tensor parallel).")
+    num_cpus_per_engine: float = Field(1.0, gt=0, description="Ray CPUs reserved per engine actor.")
+    max_model_len: int = Field(256, ge=8, description="Longest prompt + response in tokens.")
+    gpu_memory_utilization: float = Field(
+        0.5, gt=0.0, le=1.0, description="Share of device memory vLLM may use (ignored on CPU)."
+    )
+    cpu_kv_cache_bytes: int = Field(
+        1 << 30, ge=1 << 26, description="KV cache size on CPU (vLLM's VLLM_CPU_KVCACHE_SPACE)."
+    )
+    enforce_eager: bool = Field(True, description="Skip CUDA graph / torch.compile capture.")
+    enable_sleep_mode: bool = Field(
+        True, description="Let colocated engines free KV cache and weights while the trainer runs (GPU only)."
+    )
+    use_aiter: bool | None = Field(
+        None, description="Switch on AMD AITER kernels (VLLM_ROCM_USE_AITER); null means on for ROCm, off elsewhere."
+    )
+    partial_rollout: bool = Field(
+        False, description="On a weight update, interrupt in-flight responses and continue them with new weights."
+    )
+    on_abort: Literal["resume", "requeue"] = Field(
+        "resume", description="What happens to interrupted responses: continue from the partial response, or restart."
+    )
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Training-time sampling.")
+    validation_sampling: SamplingConfig = Field(
+        default_factory=lambda: SamplingConfig(num_samples_per_prompt=1, temperature=0.0),
+        description="Validation-time sampling (greedy by default).",
+    )
+
+
+class OverlongConfig(_Section):
+    enable: bool = Field(False, description="Apply DAPO's soft overlong penalty.")
+    buffer_tokens: int = Field(4, ge=1, description="Penalty ramps over the last this-many tokens before the limit.")
+    penalty_factor: float = Field(1.0, ge=0.0, description="Penalty at the full response length limit.")
+
+
+class RewardConfig(_Section):
+    num_workers: int = Field(1, ge=1, description="Reward scorer actors.")
+    timeout_s: float = Field(5.0, gt=0, description="Per-sample scoring time limit; the scorer process is killed past it.")
+    gsm8k_mode: Literal["strict", "flexible"] = Field(
+        "strict", description="GSM8K extraction: number after '####' (strict) or last number (flexible)."
+    )
+    custom_function: str | None = Field(
+        None, description="User scorer as 'module:function' or 'path/to/file.py:function' with veRL's signature."
+    )
+    overlong: OverlongConfig = Field(default_factory=OverlongConfig, description="DAPO overlong shaping.")
+
+
+class BufferConfig(_Section):
+    max_staleness: int = Field(
+        0, ge=0, description="Hard bound on trainer version minus a sample's oldest version; 0 is on-policy."
+    )
+    staleness_threshold: float = Field(
+        0.0, ge=0.0, description="Producers may run ahead by (1 + this) x samples per weight sync."
+    )
+    on_stale: Literal["reissue", "drop"] = Field(
+        "reissue", description="Groups evicted for staleness have their prompts re-issued or recorded dropped."
+    )
+    dynamic_sampling: bool = Field(False, description="DAPO: reject groups whose metric has zero variance.")
+    dynamic_sampling_metric: Literal["score", "acc"] = Field(
+        "score", description="Metric whose zero variance rejects a group."
+    )
+    max_generation_rounds: int = Field(
+        10, ge=1, description="Most generation rounds spent filling one training batch under dynamic sampling."
+    )
+
+
+class OptimConfig(_Section):
+    lr: float = Field(5e-4, gt=0, description="Peak learning rate of AdamW.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up optimizer steps.")
+    lr_schedule: Literal["constant", "cosine"] = Field("constant", description="Schedule after warm-up.")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Cosine floor as a fraction of the peak lr.")
+    total_steps: int = Field(1000, ge=1, description="Optimizer steps the schedule spans.")
+    grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
+
+
+class TrainerConfig(_Section):
+    num_workers: int = Field(1, ge=1, description="FSDP ranks (Ray actors) in each trainer group.")
+    num_cpus_per_worker: float = Field(1.0, gt=0, description="Ray CPUs reserved per trainer rank.")
+    optim: OptimConfig = Field(default_factory=OptimConfig, description="Policy optimizer.")
+    critic_optim: OptimConfig = Field(default_factory=OptimConfig, description="Critic optimizer (PPO).")
+    num_mini_batches: int = Field(1, ge=1, description="Optimizer steps per training batch per epoch.")
+    num_epochs: int = Field(1, ge=1, description="Passes over each training batch (PPO epochs).")
+    max_tokens_per_micro_batch: int = Field(
+        8192, ge=1, description="Token budget of one packed micro-batch (gradient accumulation beyond it)."
+    )
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
+    export_bucket_bytes: int = Field(
+        64 << 20, ge=1 << 16, description="Size of each bucket of gathered weights sent to rollout engines."
+    )
+
+
+class AlgorithmConfig(_Section):
+    name: Literal["grpo", "dapo", "ppo"] = Field("grpo", description="Algorithm family (for logs and drivers).")
+    advantage: Literal["grpo", "rloo", "gae"] = Field("grpo", description="Advantage estimator.")
+    norm_by_std: bool = Field(True, description="GRPO: divide by the group std (off is Dr.GRPO).")
+    gamma: float = Field(1.0, ge=0, le=1, description="GAE discount.")
+    lam: float = Field(1.0, ge=0, le=1, description="GAE lambda.")
+    clip_ratio_low: float = Field(0.2, ge=0, description="PPO clip below 1.")
+    clip_ratio_high: float = Field(0.2, ge=0, description="PPO clip above 1 (DAPO clip-higher uses 0.28).")
+    clip_ratio_c: float = Field(3.0, gt=1, description="Dual-clip bound for negative advantages.")
+    loss_agg_mode: Literal[
+        "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+    ] = Field("token-mean", description="How per-token losses are aggregated.")
+    loss_norm_tokens: int | None = Field(
+        None, ge=1, description="Constant divisor of seq-mean-token-sum-norm; null uses max_response_tokens."
+    )
+    use_kl_loss: bool = Field(False, description="Add a KL-to-reference loss term.")
+    kl_loss_coef: float = Field(0.001, ge=0, description="Coefficient of the KL loss term.")
+    kl_loss_type: Literal["k1", "k2", "k3", "low_var_kl", "abs"] = Field("low_var_kl", description="KL estimator of the loss term.")
+    use_kl_in_reward: bool = Field(False, description="Subtract a KL penalty from token rewards.")
+    kl_penalty: Literal["k1", "k2", "k3", "low_var_kl", "abs"] = Field("k1", description="KL estimator of the reward penalty.")
+    kl_controller: Literal["fixed", "adaptive"] = Field("fixed", description="Reward KL coefficient controller.")
+    kl_coef: float = Field(0.001, ge=0, description="Initial reward KL coefficient.")
+    kl_target: float = Field(0.1, gt=0, description="Adaptive controller's target KL.")
+    kl_horizon: int = Field(10000, ge=1, description="Adaptive controller's horizon.")
+    entropy_coef: float = Field(0.0, description="Entropy bonus coefficient.")
+    tis_cap: float | None = Field(
+        None, gt=0, description="Truncated importance sampling: cap of exp(trainer - rollout logprob); null is off."
+    )
+    value_clip: float = Field(0.5, gt=0, description="Critic value clipping range.")
+
+
+class DataConfig(_Section):
+    train_files: list[str] = Field(
+        default_factory=list, description="veRL-schema parquet files; empty uses the synthetic `task`."
+    )
+    val_files: list[str] = Field(default_factory=list, description="Validation parquet files; empty uses the synthetic `task`.")
+    task: Literal["arithmetic", "gsm8k", "math"] = Field("arithmetic", description="Synthetic task when no files are given.")
+    num_train_rows: int = Field(4000, ge=1, description="Rows of the synthetic training set.")
+    num_val_rows: int = Field(200, ge=1, description="Rows of the synthetic validation set.")
+    chat_template: bool = Field(
+        False, description="Format prompts with the tokenizer's chat template; off joins message contents."
+    )
+    max_prompt_tokens: int = Field(128, ge=1, description="Longer prompts are an error naming the prompt_id.")
+    skip_bad_rows: bool = Field(False, description="Skip and count malformed rows instead of failing.")
+    shuffle: bool = Field(True, description="Shuffle each epoch from the seed.")
+    seed: int = Field(0, description="Shuffle and generator seed.")
+
+
+class PipelineConfig(_Section):
+    mode: Literal["colocated", "async"] = Field("colocated", description="Time-share devices, or separate pools.")
+    num_steps: int = Field(20, ge=1, description="Training steps to run.")
+    batch_size_prompts: int = Field(16, ge=1, description="Prompts (groups) per training step.")
+    trigger_parameter_sync_step: int = Field(
+        1, ge=1, description="Async mode: trainer updates between weight publications."
+    )
+    val_every_steps: int = Field(10, ge=0, description="Validate every this many steps (0: only at start and end).")
+    checkpoint_every_steps: int = Field(0, ge=0, description="Checkpoint every this many steps (0: never).")
+    output_dir: str = Field("outputs/run", description="Metrics, plots and checkpoints go here.")
+    resume: str = Field("auto", description="'auto' (latest checkpoint in output_dir if any), 'never', or a checkpoint path.")
+    seed: int = Field(0, description="Global seed.")
+
+
+class Config(_Section):
+    model: ModelConfig = Field(default_factory=ModelConfig, description="Model to train.")
+    data: DataConfig = Field(default_factory=DataConfig, description="Prompt data.")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="vLLM rollout engines.")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="Reward scoring.")
+    buffer: BufferConfig = Field(default_factory=BufferConfig, description="Replay buffer.")
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="FSDP trainers.")
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="Advantages and losses.")
+    pipeline: PipelineConfig = Field(default_factory=PipelineConfig, description="Driver loop.")
+
+
+# --------------------------------------------------------------------------------------------
+# Loading, overrides and errors
+
+
+def _field_at(model: type[BaseModel], path: tuple) -> tuple[type[BaseModel] | None, Any]:
+    """Walk `path` through nested models; returns (parent model class, field info or None)."""
+    parent: type[BaseModel] | None = model
+    info = None
+    for key in path:
+        if parent is None or not isinstance(key, str) or key not in parent.model_fields:
+            return parent, None
+        info = parent.model_fields[key]
+        annotation = info.annotation
+        parent = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    return parent, info
+
+
+def _allowed_values(annotation: Any) -> list[Any]:
+    values: list[Any] = []
+    for arg in typing.get_args(annotation) or ():
+        values += _allowed_values(arg)
+    if typing.get_origin(annotation) is Literal:
+        values = list(typing.get_args(annotation))
+    elif annotation is type(None):
+        values = [None]
+    return values
+
+
+def _explain(error: ValidationError, model: type[BaseModel]) -> ConfigError:
+    lines = []
+    for item in error.errors():
+        loc = tuple(k for k in item["loc"] if not (isinstance(k, str) and k.startswith(("literal[", "function-"))))
+        dotted = ".".join(str(k) for k in loc)
+        if item["type"] == "extra_forbidden":
+            parent, _ = _field_at(model, loc[:-1])
+            known = sorted(parent.model_fields) if parent is not None else []
+            lines.append(f"{dotted}: unknown key; allowed keys here: {', '.join(known)}")
+            continue
+        _, info = _field_at(model, loc)
+        message = f"{dotted}: {item['msg']} (got {item.get('input')!r})"
+        allowed = _allowed_values(info.annotation) if info is not None else []
+        if allowed:
+            message += f"; allowed values: {', '.join(repr(v) for v in allowed)}"
+        lines.append(message)
+    return ConfigError("invalid configuration:\n  " + "\n  ".join(lines))
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for i, key in enumerate(keys[:-1]):
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{'.'.join(keys[: i + 1])}: is a value, cannot set {dotted}")
+        node = child
+    node[keys[-1]] = value
+
+
+_SCIENTIFIC = re.compile(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+")
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`trainer.optim.lr=2e-5` -> ("trainer.optim.lr", 2e-05); values are parsed as YAML."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {text!r}: expected dotted.key=value")
+    value = yaml.safe_load(raw) if raw.strip() else None
+    if isinstance(value, str) and _SCIENTIFIC.fullmatch(value):
+        value = float(value)  # YAML 1.1 reads 2e-5 as a string (it wants a dot); a user means a number
+    return key.strip(), value
+
+
+def build_config(tree: dict | None = None, overrides: list[str] | None = None) -> Config:
+    """Validate a plain dict (e.g. from YAML) after applying dotted overrides."""
+    tree = dict(tree or {})
+    for text in overrides or []:
+        key, value = parse_override(text)
+        _set_dotted(tree, key, value)
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as error:
+        raise _explain(error, Config) from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Load YAML (or start from defaults when path is None), apply overrides, validate."""
+    tree: dict = {}
+    if path is not None:
+        with open(path) as handle:
+            tree = yaml.safe_load(handle) or {}
+        if not isinstance(tree, dict):
+            raise ConfigError(f"{path}: top level must be a mapping of sections")
+    return build_config(tree, overrides)
+
+
+def config_to_dict(config: BaseModel) -> dict:
+    return config.model_dump(mode="json")
+
+
+def dump_config(config: BaseModel, path: str | Path | None = None) -> str:
+    """YAML text of the config; written to `path` when given. Loading it gives the same config."""
+    text = yaml.safe_dump(config_to_dict(config), sort_keys=False)
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text)
+    return text
+
+
+def describe_fields(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[str, str]]:
+    """(dotted path, description) of every leaf field: the reference of all settings."""
+    rows = []
+    for name, info in model.model_fields.items():
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            rows += describe_fields(annotation, f"{prefix}{name}.")
+        else:
+            rows.append((f"{prefix}{name}", info.description or ""))
+    return rows

@@ -1,0 +1,88 @@
+"""The records that travel between actors (by value or inside Ray object refs).
+
+A `PromptRequest` goes to a rollout engine; a `Group` (the n `Sample`s answering one prompt)
+comes back, is scored in place by the reward scorers (`Sample.score`), buffered, and trained whole.
+Plain dataclasses: cheap to pickle, no torch needed to read them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+@dataclass
+class PromptRequest:
+    """One prompt to answer `num_samples` times. `prompt_id` is stable across epochs and resumes;
+    `group_id` names this particular attempt (a re-issued prompt gets a new group_id)."""
+
+    prompt_id: str
+    prompt_token_ids: list[int]
+    group_id: str = ""
+    data_source: str = ""
+    ground_truth: str = ""
+    extra_info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.group_id:
+            self.group_id = f"{self.prompt_id}#0"
+
+
+@dataclass
+class Sample:
+    """One response. Per-token lists are aligned with `response_token_ids`."""
+
+    prompt_id: str
+    sample_index: int
+    prompt_token_ids: list[int]
+    response_token_ids: list[int] = field(default_factory=list)
+    response_logprobs: list[float] = field(default_factory=list)
+    # Version of the weights that produced each response token; a response resumed across a
+    # weight update carries two or more versions.
+    token_policy_versions: list[int] = field(default_factory=list)
+    finish_reason: FinishReason = "stop"
+    error: str | None = None  # rollout error (bad prompt, dead engine), naming the prompt_id
+    text: str = ""
+    # Filled by reward scoring:
+    score: float | None = None
+    score_details: dict[str, Any] = field(default_factory=dict)
+    score_error: str | None = None
+
+    @property
+    def num_response_tokens(self) -> int:
+        return len(self.response_token_ids)
+
+    @property
+    def oldest_policy_version(self) -> int | None:
+        return min(self.token_policy_versions) if self.token_policy_versions else None
+
+
+@dataclass
+class Group:
+    """The responses to one prompt: the unit that is buffered, filtered, sampled and trained."""
+
+    request: PromptRequest
+    samples: list[Sample]
+
+    @property
+    def prompt_id(self) -> str:
+        return self.request.prompt_id
+
+    @property
+    def group_id(self) -> str:
+        return self.request.group_id
+
+    @property
+    def policy_versions(self) -> list[int]:
+        return sorted({v for s in self.samples for v in s.token_policy_versions})
+
+    @property
+    def oldest_policy_version(self) -> int | None:
+        versions = [s.oldest_policy_version for s in self.samples if s.oldest_policy_version is not None]
+        return min(versions) if versions else None
+
+    @property
+    def scores(self) -> list[float | None]:
+        return [s.score for s in self.samples]
