@@ -1,0 +1,93 @@
+"""The maths of RL post-training: pure functions on tensors (torch and numpy only).
+
+No Ray, no I/O, no config objects: every knob is an explicit argument. Tensors are
+[batch, response_len], padded, with a response mask (1 on response tokens, 0 on padding); padded
+positions may hold anything, even -inf. Results keep the input dtype; statistics that need it are
+computed in float32 or wider. Definitions follow veRL so results compare across frameworks; every
+deliberate deviation is stated in the function's docstring.
+
+    rlactors                        veRL
+    ------------------------------  ----------------------------------------------------------------
+    masked_sum / masked_mean        verl.utils.torch_functional.masked_sum / masked_mean
+    masked_var / masked_whiten      verl.utils.torch_functional.masked_var / masked_whiten
+    gae_advantages                  core_algos.compute_gae_advantage_return
+    grpo_advantages                 core_algos.compute_grpo_outcome_advantage
+    rloo_advantages                 core_algos.compute_rloo_outcome_advantage
+    scores_to_token_rewards         the reward manager's placement of a score on the last valid token
+    aggregate_loss                  core_algos.agg_loss (global token / sequence counts, no dp_size)
+    ppo_policy_loss                 core_algos.compute_policy_loss_vanilla (returns per-token loss)
+    truncated_importance_weights    actor's `tis_imp_ratio_cap` weights (rollout vs trainer logprobs)
+    value_loss                      core_algos.compute_value_loss (returns per-token loss)
+    sft_loss                        sft trainer's masked NLL, token-mean
+    kl_penalty                      core_algos.kl_penalty
+    apply_kl_in_reward              ray_trainer.apply_kl_penalty
+    AdaptiveKLController /          core_algos.AdaptiveKLController / FixedKLController
+      FixedKLController, adaptive_kl_coef
+    entropy_from_logits             verl.utils.torch_functional.entropy_from_logits
+    chunked_entropy_from_logits     verl.utils.torch_functional.entropy_from_logits_with_chunking
+    logprobs_from_logits            verl.utils.torch_functional.logprobs_from_logits
+
+One policy update on a micro-batch (counts over the whole mini-batch, see `losses`):
+
+    logp = logprobs_from_logits(logits.float(), labels, chunk_size=1024)
+    pg, metrics = ppo_policy_loss(logp, old_logp, advantages, mask, 0.2, 0.28, 3.0,
+                                  importance_weights=truncated_importance_weights(old_logp, rollout_logp, 2.0))
+    counts = dict(global_num_tokens=n_tokens, global_num_sequences=n_sequences, norm_tokens=max_len)
+    loss = aggregate_loss(pg, mask, mode, **counts)
+    loss = loss + kl_coef * aggregate_loss(kl_penalty(logp, ref_logp, "low_var_kl"), mask, mode, **counts)
+    loss = loss - entropy_coef * aggregate_loss(chunked_entropy_from_logits(logits), mask, mode, **counts)
+    (loss * num_ranks).backward()   # FSDP averages gradients over ranks
+"""
+
+from rlactors.algorithms.advantages import (
+    gae_advantages,
+    grpo_advantages,
+    rloo_advantages,
+    scores_to_token_rewards,
+)
+from rlactors.algorithms.kl import (
+    KL_KINDS,
+    AdaptiveKLController,
+    FixedKLController,
+    adaptive_kl_coef,
+    apply_kl_in_reward,
+    kl_penalty,
+)
+from rlactors.algorithms.logits import chunked_entropy_from_logits, entropy_from_logits, logprobs_from_logits
+from rlactors.algorithms.losses import (
+    LOSS_AGG_MODES,
+    aggregate_loss,
+    num_nonempty_sequences,
+    ppo_policy_loss,
+    sft_loss,
+    truncated_importance_weights,
+    value_loss,
+)
+from rlactors.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
+
+__all__ = [
+    "KL_KINDS",
+    "LOSS_AGG_MODES",
+    "AdaptiveKLController",
+    "FixedKLController",
+    "adaptive_kl_coef",
+    "aggregate_loss",
+    "apply_kl_in_reward",
+    "chunked_entropy_from_logits",
+    "entropy_from_logits",
+    "gae_advantages",
+    "grpo_advantages",
+    "kl_penalty",
+    "logprobs_from_logits",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "num_nonempty_sequences",
+    "ppo_policy_loss",
+    "rloo_advantages",
+    "scores_to_token_rewards",
+    "sft_loss",
+    "truncated_importance_weights",
+    "value_loss",
+]

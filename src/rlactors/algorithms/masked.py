@@ -1,0 +1,60 @@
+"""Masked reductions over response tokens.
+
+A mask is a [batch, response_len] tensor (bool, int or float) that is 1 on response tokens and 0 on
+padding. Padded positions may hold anything, even inf or NaN (a pad token's logprob can be -inf):
+every reduction here selects with `torch.where` before multiplying, so they never leak into results.
+Results keep the dtype of `x`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# veRL's constants, kept so that results compare across frameworks.
+MEAN_EPS = 1e-8
+WHITEN_EPS = 1e-8
+
+
+def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Sum of `x * mask` (over all elements, or along `dim`), ignoring whatever padding holds."""
+    mask = mask.to(x.dtype)
+    selected = torch.where(mask != 0, x, torch.zeros((), dtype=x.dtype, device=x.device)) * mask
+    return selected.sum() if dim is None else selected.sum(dim=dim)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """`sum(x * mask) / (sum(mask) + 1e-8)`, over all elements or along `dim`.
+
+    An all-zero mask gives 0, not NaN.
+    """
+    mask = mask.to(x.dtype)
+    count = mask.sum() if dim is None else mask.sum(dim=dim)
+    return masked_sum(x, mask, dim) / (count + MEAN_EPS)
+
+
+def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """Variance of the selected elements of `x` (a scalar), with Bessel's correction by default.
+
+    Deviation from veRL: veRL raises when fewer than two elements are selected; here the correction
+    is skipped in that case, so the variance is 0 (there is nothing to spread) and callers never see
+    NaN or an exception on an empty micro-batch.
+    """
+    mean = masked_mean(x, mask)
+    variance = masked_mean((x - mean) ** 2, mask)
+    if unbiased:
+        count = mask.to(x.dtype).sum()
+        variance = variance * count / (count - 1).clamp(min=1)
+    return variance
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+    """`(x - mean) * rsqrt(var + 1e-8)` with the masked mean and unbiased masked variance.
+
+    With `shift_mean=False` the mean is added back (only the scale changes), as in veRL. Padded
+    positions are transformed too (veRL does the same); losses mask them out.
+    """
+    mean = masked_mean(x, mask)
+    whitened = (x - mean) * torch.rsqrt(masked_var(x, mask) + WHITEN_EPS)
+    if not shift_mean:
+        whitened = whitened + mean
+    return whitened
