@@ -167,3 +167,10 @@ def test_vectorised_group_statistics_match_the_loops(samples, norm_by_std):
     assert torch.allclose(grpo, torch.tensor(_grpo_loop(scores, group_ids, norm_by_std), dtype=torch.float64))
     rloo = rloo_advantages(rewards, mask, torch.tensor(group_ids)).squeeze(-1)
     assert torch.allclose(rloo, torch.tensor(_rloo_loop(scores, group_ids), dtype=torch.float64))
+
+
+def test_numpy_group_ids_are_accepted():
+    import numpy as np
+
+    from_numpy = grpo_advantages(TOKEN_REWARDS, MASK, np.array(GROUP_IDS))
+    assert torch.equal(from_numpy, grpo_advantages(TOKEN_REWARDS, MASK, torch.tensor(GROUP_IDS)))
