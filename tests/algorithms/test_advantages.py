@@ -1,6 +1,7 @@
 import math
 import statistics
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -170,7 +171,5 @@ def test_vectorised_group_statistics_match_the_loops(samples, norm_by_std):
 
 
 def test_numpy_group_ids_are_accepted():
-    import numpy as np
-
     from_numpy = grpo_advantages(TOKEN_REWARDS, MASK, np.array(GROUP_IDS))
     assert torch.equal(from_numpy, grpo_advantages(TOKEN_REWARDS, MASK, torch.tensor(GROUP_IDS)))
