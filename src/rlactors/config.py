@@ -95,6 +95,12 @@ class OverlongConfig(_Section):
 
 class RewardConfig(_Section):
     num_workers: int = Field(1, ge=1, description="Reward scorer actors.")
+    num_cpus_per_worker: float = Field(
+        0.0, ge=0, description="Ray CPUs reserved per scorer actor; 0 lets scorers share CPUs with rollout and trainers."
+    )
+    max_groups_per_call: int = Field(
+        16, ge=1, description="Most groups one scorer call takes when scoring a batch (amortizes the round trip)."
+    )
     timeout_s: float = Field(5.0, gt=0, description="Per-sample scoring time limit; the scorer process is killed past it.")
     gsm8k_mode: Literal["strict", "flexible"] = Field(
         "strict", description="GSM8K extraction: number after '####' (strict) or last number (flexible)."
