@@ -54,6 +54,9 @@ class SamplingConfig(_Section):
     max_response_tokens: int = Field(8, ge=1, description="Most tokens generated per response.")
     stop: list[str] = Field(default_factory=list, description="Strings that end a response (not included).")
     seed: int | None = Field(None, description="Sampling seed; null draws a fresh one per request.")
+    ignore_eos: bool = Field(
+        False, description="Keep generating past end-of-sequence up to max_response_tokens (benchmarks)."
+    )
 
 
 class RolloutConfig(_Section):
@@ -62,7 +65,8 @@ class RolloutConfig(_Section):
     num_cpus_per_engine: float = Field(1.0, gt=0, description="Ray CPUs reserved per engine actor.")
     max_model_len: int = Field(256, ge=8, description="Longest prompt + response in tokens.")
     gpu_memory_utilization: float = Field(
-        0.5, gt=0.0, le=1.0, description="Share of device memory vLLM may use (ignored on CPU)."
+        0.5, gt=0.0, le=1.0,
+        description="Share of device memory vLLM may use; on CPU the share of node memory it checks is free at start.",
     )
     cpu_kv_cache_bytes: int = Field(
         1 << 30, ge=1 << 26, description="KV cache size on CPU (vLLM's VLLM_CPU_KVCACHE_SPACE)."
@@ -120,6 +124,9 @@ class BufferConfig(_Section):
     )
     on_stale: Literal["reissue", "drop"] = Field(
         "reissue", description="Groups evicted for staleness have their prompts re-issued or recorded dropped."
+    )
+    max_reissues: int = Field(
+        3, ge=0, description="Times one prompt may be re-issued after stale evictions before it is recorded dropped."
     )
     dynamic_sampling: bool = Field(False, description="DAPO: reject groups whose metric has zero variance.")
     dynamic_sampling_metric: Literal["score", "acc"] = Field(

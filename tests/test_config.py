@@ -1,0 +1,65 @@
+import pytest
+
+from rlactors.config import Config, ConfigError, build_config, describe_fields, dump_config, load_config
+
+
+def test_defaults_validate_and_every_field_is_described():
+    config = Config()
+    assert config.pipeline.mode == "colocated"
+    missing = [path for path, description in describe_fields() if not description.strip()]
+    assert missing == []
+
+
+def test_dotted_overrides_reach_nested_fields():
+    config = load_config(None, ["trainer.optim.lr=2e-5", 'rollout.sampling.stop=["\\n", "."]', "buffer.max_staleness=2"])
+    assert config.trainer.optim.lr == pytest.approx(2e-5)
+    assert config.rollout.sampling.stop == ["\n", "."]
+    assert config.buffer.max_staleness == 2
+
+
+def test_unknown_key_names_dotted_path_and_allowed_keys():
+    with pytest.raises(ConfigError) as error:
+        load_config(None, ["trainer.optim.learning_rate=1e-3"])
+    message = str(error.value)
+    assert "trainer.optim.learning_rate" in message and "unknown key" in message
+    assert "lr" in message and "warmup_steps" in message
+
+
+def test_bad_choice_names_path_and_allowed_values():
+    with pytest.raises(ConfigError) as error:
+        load_config(None, ["algorithm.loss_agg_mode=mean"])
+    message = str(error.value)
+    assert "algorithm.loss_agg_mode" in message
+    assert "'token-mean'" in message and "'seq-mean-token-sum-norm'" in message
+
+
+def test_bad_number_names_path():
+    with pytest.raises(ConfigError, match=r"rollout\.sampling\.top_p"):
+        load_config(None, ["rollout.sampling.top_p=1.5"])
+    with pytest.raises(ConfigError, match=r"pipeline\.num_steps"):
+        build_config({"pipeline": {"num_steps": "many"}})
+
+
+def test_override_into_a_value_is_an_error():
+    with pytest.raises(ConfigError, match="pipeline.mode"):
+        load_config(None, ["pipeline.mode.x=1"])
+    with pytest.raises(ConfigError, match="expected dotted.key=value"):
+        load_config(None, ["pipeline.mode"])
+
+
+def test_yaml_round_trip(tmp_path):
+    config = load_config(None, ["trainer.optim.lr=3e-4", "pipeline.mode=async", "reward.custom_function=m:f"])
+    path = tmp_path / "config.yaml"
+    dump_config(config, path)
+    assert load_config(path) == config
+    assert load_config(path, ["pipeline.num_steps=7"]).pipeline.num_steps == 7
+
+
+def test_yaml_file_errors_name_the_path(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("rollout:\n  sampling:\n    temprature: 0.5\n")
+    with pytest.raises(ConfigError, match=r"rollout\.sampling\.temprature: unknown key"):
+        load_config(path)
+    path.write_text("- not a mapping\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(path)

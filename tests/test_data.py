@@ -1,0 +1,117 @@
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from rlactors.data import DataError, PromptDataset, read_parquet_rows, to_request, write_rows
+from rlactors.models import build_char_tokenizer
+from rlactors.synthetic import arithmetic_rows, gsm8k_rows, make_task_rows, math_rows, write_task
+
+
+def test_generators_are_seeded_and_in_verl_schema(tmp_path):
+    for task in ("arithmetic", "gsm8k", "math"):
+        rows = make_task_rows(task, 20, seed=3)
+        assert rows == make_task_rows(task, 20, seed=3)
+        assert rows != make_task_rows(task, 20, seed=4)
+        path = write_rows(rows, tmp_path / f"{task}.parquet")
+        loaded, skipped = read_parquet_rows(path)
+        assert skipped == [] and len(loaded) == 20
+        assert set(pq.read_schema(path).names) == {"data_source", "prompt", "ability", "reward_model", "extra_info"}
+
+
+def test_generated_answers_are_right():
+    for row in arithmetic_rows(50):
+        a, b = row["prompt"][0]["content"].rstrip("=").split("+")
+        assert int(row["reward_model"]["ground_truth"]) == int(a) + int(b)
+    for row in gsm8k_rows(20):
+        assert row["extra_info"]["answer"].endswith(f"#### {row['reward_model']['ground_truth']}")
+    assert all("\\boxed" in row["prompt"][0]["content"] for row in math_rows(5))
+
+
+def test_arithmetic_test_split_is_disjoint_from_train(tmp_path):
+    train, test = write_task("arithmetic", tmp_path, 500, 100)
+    train_prompts = {r.prompt[0].content for r in read_parquet_rows(train)[0]}
+    test_prompts = {r.prompt[0].content for r in read_parquet_rows(test)[0]}
+    assert len(test_prompts) == 100 and not train_prompts & test_prompts
+
+
+def _bad_file(tmp_path):
+    rows = arithmetic_rows(6)
+    rows[2]["reward_model"] = {"style": "rule"}  # no ground_truth
+    rows[4]["prompt"] = []  # no messages
+    path = tmp_path / "bad.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def test_malformed_row_names_file_row_and_column(tmp_path):
+    path = _bad_file(tmp_path)
+    with pytest.raises(DataError) as error:
+        read_parquet_rows(path)
+    message = str(error.value)
+    assert str(path) in message and "row 2" in message and "reward_model.ground_truth" in message
+
+
+def test_skip_bad_rows_counts_and_keeps_the_rest(tmp_path):
+    dataset = PromptDataset.from_files([_bad_file(tmp_path)], skip_bad_rows=True)
+    assert len(dataset) == 4
+    assert len(dataset.skipped) == 2
+    assert "row 2" in dataset.skipped[0] and "row 4" in dataset.skipped[1] and "column prompt" in dataset.skipped[1]
+
+
+def test_missing_column_and_unreadable_file(tmp_path):
+    path = tmp_path / "nocol.parquet"
+    pq.write_table(pa.table({"data_source": ["x"]}), path)
+    with pytest.raises(DataError, match=r"missing column\(s\).*prompt"):
+        read_parquet_rows(path)
+    garbage = tmp_path / "garbage.parquet"
+    garbage.write_bytes(b"not parquet")
+    with pytest.raises(DataError, match="not a readable parquet"):
+        read_parquet_rows(garbage)
+    with pytest.raises(DataError, match="no such data file"):
+        read_parquet_rows(tmp_path / "absent.parquet")
+
+
+def test_duplicate_prompt_ids_are_reported_across_files(tmp_path):
+    first = write_rows(arithmetic_rows(3), tmp_path / "a.parquet")
+    second = write_rows(arithmetic_rows(3, seed=1), tmp_path / "b.parquet")  # same split and indexes
+    with pytest.raises(DataError, match="duplicate prompt_id 'synthetic/arithmetic/train/0'"):
+        PromptDataset.from_files([first, second])
+
+
+def test_numeric_ground_truth_is_accepted_as_text(tmp_path):
+    rows = arithmetic_rows(2)
+    for row in rows:
+        row["reward_model"]["ground_truth"] = int(row["reward_model"]["ground_truth"])
+    loaded, _ = read_parquet_rows(write_rows(rows, tmp_path / "n.parquet"))
+    assert loaded[0].reward_model.ground_truth == str(rows[0]["reward_model"]["ground_truth"])
+
+
+def test_cursor_is_deterministic_and_round_trips(tmp_path):
+    rows = read_parquet_rows(write_rows(arithmetic_rows(10), tmp_path / "t.parquet"))[0]
+    uninterrupted = PromptDataset(rows, seed=7)
+    expected = [r.prompt_id for r in uninterrupted.next_batch(4) + uninterrupted.next_batch(9)]
+    assert len(set(expected[:10])) == 10  # one epoch visits every row once
+    assert expected[:10] != [r.prompt_id for r in rows]  # shuffled
+
+    first = PromptDataset(rows, seed=7)
+    got = [r.prompt_id for r in first.next_batch(4)]
+    state = first.state_dict()
+    resumed = PromptDataset(rows, seed=0)
+    resumed.load_state_dict(state)
+    got += [r.prompt_id for r in resumed.next_batch(9)]
+    assert got == expected
+    with pytest.raises(DataError, match="data files changed"):
+        PromptDataset(rows[:5]).load_state_dict(state)
+
+
+def test_prompt_ids_are_stable_and_requests_tokenize(tmp_path):
+    rows = read_parquet_rows(write_rows(arithmetic_rows(3), tmp_path / "t.parquet"))[0]
+    assert [r.prompt_id for r in rows] == [f"synthetic/arithmetic/train/{i}" for i in range(3)]
+    tokenizer = build_char_tokenizer()
+    request = to_request(rows[0], tokenizer)
+    assert tokenizer.decode(request.prompt_token_ids) == rows[0].prompt[0].content
+    assert request.ground_truth == rows[0].reward_model.ground_truth
+    chat = to_request(rows[0], tokenizer, chat_template=True, attempt=2)
+    assert chat.group_id.endswith("#2") and tokenizer.decode(chat.prompt_token_ids).endswith("<|im_start|>assistant\n")
+    with pytest.raises(DataError, match="synthetic/arithmetic/train/0.*max_prompt_tokens=2"):
+        to_request(rows[0], tokenizer, max_prompt_tokens=2)

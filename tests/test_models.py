@@ -1,0 +1,97 @@
+import hashlib
+import json
+
+import pytest
+import torch
+
+from rlactors.models import (
+    EOS_TOKEN,
+    build_char_tokenizer,
+    build_tiny_model,
+    count_parameters,
+    ensure_model,
+    load_model,
+    load_tokenizer,
+)
+
+
+def _digests(path):
+    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(path.iterdir())}
+
+
+def test_same_seed_builds_byte_identical_folders(tmp_path):
+    first = build_tiny_model(tmp_path / "a", "tiny", seed=5)
+    second = build_tiny_model(tmp_path / "b", "tiny", seed=5)
+    other = build_tiny_model(tmp_path / "c", "tiny", seed=6)
+    assert _digests(first) == _digests(second)
+    assert _digests(first)["model.safetensors"] != _digests(other)["model.safetensors"]
+    assert {"tokenizer.json", "config.json", "model.safetensors"} <= set(_digests(first))
+
+
+@pytest.mark.parametrize("preset,low,high", [("tiny", 0.2e6, 0.45e6), ("small", 2e6, 4.5e6)])
+def test_presets_have_their_sizes(tmp_path, preset, low, high):
+    model = load_model(build_tiny_model(tmp_path / preset, preset))
+    assert low < count_parameters(model) < high
+
+
+def test_qwen3_architecture_loads(tmp_path):
+    path = build_tiny_model(tmp_path / "q3", "tiny", architecture="qwen3")
+    assert json.loads((path / "config.json").read_text())["model_type"] == "qwen3"
+    logits = load_model(path)(torch.tensor([[5, 6, 7]])).logits
+    assert logits.shape == (1, 3, len(load_tokenizer(path)))
+
+
+def test_tokenizer_is_character_level_and_lossless(tiny_model_dir):
+    tokenizer = load_tokenizer(tiny_model_dir)
+    text = "37+45=82\n\\boxed{\\frac{3}{4}} #### 1,000 é"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) == len(text.encode())  # one token per byte: one per ASCII character
+    assert tokenizer.decode(ids) == text
+    assert tokenizer.convert_tokens_to_ids(EOS_TOKEN) == tokenizer.eos_token_id
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": "1+1="}], add_generation_prompt=True, tokenize=False)
+    assert chat == "<|im_start|>user\n1+1=<|im_end|>\n<|im_start|>assistant\n"
+    # What loads from disk is the tokenizer that was built.
+    assert tokenizer(text)["input_ids"] == build_char_tokenizer()(text)["input_ids"]
+
+
+def test_ensure_model_builds_once_and_refuses_an_empty_real_path(tmp_path):
+    path = ensure_model(tmp_path / "m", preset="tiny")
+    stamp = (path / "model.safetensors").stat().st_mtime_ns
+    assert ensure_model(path, preset="tiny") == path
+    assert (path / "model.safetensors").stat().st_mtime_ns == stamp
+    with pytest.raises(FileNotFoundError, match="model.preset is null"):
+        ensure_model(tmp_path / "empty", preset=None)
+
+
+@pytest.mark.vllm
+def test_vllm_and_transformers_agree(tiny_model_dir, capsys):
+    """Greedy output is identical, and per-token logprobs of a sampled sequence agree to ~1e-5."""
+    from vllm import LLM, SamplingParams
+
+    tokenizer = load_tokenizer(tiny_model_dir)
+    model = load_model(tiny_model_dir)
+    prompts = [tokenizer("12+34=")["input_ids"], tokenizer("Simplify 6/8.")["input_ids"]]
+    llm = LLM(str(tiny_model_dir), dtype="float32", enforce_eager=True, max_model_len=256, seed=0,
+              gpu_memory_utilization=0.1)
+    try:
+        greedy = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+        sampled = llm.generate([{"prompt_token_ids": prompts[0]}],
+                               SamplingParams(temperature=1.0, max_tokens=48, ignore_eos=True, logprobs=0, seed=1))
+    finally:
+        del llm
+    for prompt, output in zip(prompts, greedy, strict=True):
+        expected = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
+                                  eos_token_id=None, min_new_tokens=24)[0, len(prompt):]
+        assert list(output.outputs[0].token_ids) == expected.tolist()
+
+    completion = sampled[0].outputs[0]
+    engine_logprobs = torch.tensor([entry[token].logprob for entry, token in zip(completion.logprobs, completion.token_ids, strict=True)])
+    ids = torch.tensor([prompts[0] + list(completion.token_ids)])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompts[0]) - 1 : -1]
+    reference = torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion.token_ids)[:, None])[:, 0]
+    difference = (engine_logprobs - reference).abs()
+    with capsys.disabled():
+        print(f"\nvLLM vs transformers logprobs over {len(difference)} tokens: "
+              f"max abs diff {difference.max():.2e}, mean {difference.mean():.2e}")
+    assert difference.max() < 1e-4
