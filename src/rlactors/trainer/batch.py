@@ -1,0 +1,320 @@
+"""The training batch and how it is cut into mini-batches, rank shards and micro-batches.
+
+A `TrainBatch` holds ragged per-sequence data: token id lists and, per response token, named float
+tensors (`rollout_logprobs`, `old_logprobs`, `ref_logprobs`, `advantages`, `returns`, `values`...).
+Nothing is padded until a micro-batch is built, and a micro-batch is padded only to its own longest
+sequence: sequences are grouped by length under a token budget (dynamic batching).
+
+The plan of a training call is computed once, centrally, from the sequence lengths alone:
+
+    mini-batch k        = the k-th contiguous slice of the batch (one optimizer step)
+    rank shard          = longest-first assignment to the rank holding the fewest tokens so far
+    micro-batches       = each shard sorted by length, filled up to `max_tokens_per_micro_batch`
+                          padded tokens; every rank gets the same number of micro-batches (FSDP's
+                          collectives run once per forward/backward on every rank), padding the
+                          count with empty micro-batches when a rank has too few sequences
+
+Each plan carries the global counts of its mini-batch (response tokens, non-empty sequences), so
+losses normalise by the whole mini-batch whatever the number of ranks or micro-batches.
+Pure functions: torch only, no Ray, no config objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from rlactors.types import Group
+
+# Fields filled from the rollout record; others are added by the driver and the trainers.
+ROLLOUT_LOGPROBS = "rollout_logprobs"
+
+
+@dataclass
+class TrainBatch:
+    """Sequences to train on; index i of every list is sequence i.
+
+    `token_fields[name][i]` is a 1-D float tensor with one entry per response token of sequence i.
+    `group_ids[i]` is an integer naming the group (prompt attempt) of sequence i: samples of one
+    group share it (the form `grpo_advantages` wants); `prompt_ids[i]` and `sample_indices[i]` name
+    the sample in error messages.
+    """
+
+    prompt_token_ids: list[list[int]]
+    response_token_ids: list[list[int]]
+    group_ids: list[int]
+    prompt_ids: list[str] = field(default_factory=list)
+    sample_indices: list[int] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+    token_fields: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.prompt_token_ids)
+        if not self.prompt_ids:
+            self.prompt_ids = [str(i) for i in range(n)]
+        if not self.sample_indices:
+            self.sample_indices = [0] * n
+        for name in ("response_token_ids", "group_ids", "prompt_ids", "sample_indices"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"TrainBatch.{name} has {len(getattr(self, name))} entries, expected {n}")
+        if self.scores and len(self.scores) != n:
+            raise ValueError(f"TrainBatch.scores has {len(self.scores)} entries, expected {n}")
+        for i, prompt in enumerate(self.prompt_token_ids):
+            if not prompt:
+                raise ValueError(f"{self.describe(i)}: empty prompt (the first response token needs a context)")
+        for name, values in self.token_fields.items():
+            self._check_field(name, values)
+
+    def __len__(self) -> int:
+        return len(self.prompt_token_ids)
+
+    def describe(self, i: int) -> str:
+        return f"sequence {i} (prompt_id {self.prompt_ids[i]!r}, sample_index {self.sample_indices[i]})"
+
+    @property
+    def response_lengths(self) -> list[int]:
+        return [len(r) for r in self.response_token_ids]
+
+    @property
+    def sequence_lengths(self) -> list[int]:
+        return [len(p) + len(r) for p, r in zip(self.prompt_token_ids, self.response_token_ids, strict=True)]
+
+    def _check_field(self, name: str, values: list[torch.Tensor]) -> None:
+        if len(values) != len(self):
+            raise ValueError(f"token field {name!r} has {len(values)} sequences, the batch has {len(self)}")
+        for i, (value, response) in enumerate(zip(values, self.response_token_ids, strict=True)):
+            if value.dim() != 1 or value.shape[0] != len(response):
+                raise ValueError(
+                    f"token field {name!r} of {self.describe(i)}: shape {tuple(value.shape)}, "
+                    f"expected ({len(response)},) like its response tokens"
+                )
+
+    def set_field(self, name: str, values: list[torch.Tensor]) -> None:
+        """Add or replace a per-response-token field, checking every sequence's length."""
+        values = [torch.as_tensor(v, dtype=torch.float32).detach().cpu() for v in values]
+        self._check_field(name, values)
+        self.token_fields[name] = values
+
+    def token_field(self, name: str) -> list[torch.Tensor]:
+        if name not in self.token_fields:
+            raise KeyError(f"TrainBatch has no token field {name!r}; it has {sorted(self.token_fields)}")
+        return self.token_fields[name]
+
+    def padded_field(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(values, mask)`, both [num_sequences, longest response], right-padded with zeros: the form
+        the advantage functions take. `set_padded_field` is the way back."""
+        return pad_right(self.token_field(name)), response_mask(self.response_lengths)
+
+    def set_padded_field(self, name: str, padded: torch.Tensor) -> None:
+        self.set_field(name, [padded[i, :n] for i, n in enumerate(self.response_lengths)])
+
+    def select(self, indices: list[int]) -> TrainBatch:
+        """The sub-batch of the given sequences, in the given order (tensors are shared, not copied)."""
+        return TrainBatch(
+            prompt_token_ids=[self.prompt_token_ids[i] for i in indices],
+            response_token_ids=[self.response_token_ids[i] for i in indices],
+            group_ids=[self.group_ids[i] for i in indices],
+            prompt_ids=[self.prompt_ids[i] for i in indices],
+            sample_indices=[self.sample_indices[i] for i in indices],
+            scores=[self.scores[i] for i in indices] if self.scores else [],
+            token_fields={name: [values[i] for i in indices] for name, values in self.token_fields.items()},
+        )
+
+
+def train_batch_from_groups(groups: list[Group]) -> TrainBatch:
+    """Flatten groups into a `TrainBatch`, group by group, sample by sample.
+
+    Group ids are 0..len(groups)-1 in order. The rollout engine's logprobs become the
+    `rollout_logprobs` field. A sample that failed (rollout or scoring error, no score) or whose
+    logprobs do not match its response is an error naming it: nothing is dropped silently.
+    """
+    batch = dict(prompt_token_ids=[], response_token_ids=[], group_ids=[], prompt_ids=[], sample_indices=[],
+                 scores=[])
+    logprobs = []
+    for group_id, group in enumerate(groups):
+        for sample in group.samples:
+            name = f"group {group.group_id!r} prompt_id {sample.prompt_id!r} sample_index {sample.sample_index}"
+            if sample.error is not None or sample.score_error is not None:
+                raise ValueError(f"{name}: failed sample cannot be trained ({sample.error or sample.score_error})")
+            if sample.score is None:
+                raise ValueError(f"{name}: no score (score the group before training it)")
+            if len(sample.response_logprobs) != len(sample.response_token_ids):
+                raise ValueError(f"{name}: {len(sample.response_logprobs)} response_logprobs for "
+                                 f"{len(sample.response_token_ids)} response tokens")
+            if not sample.prompt_token_ids:
+                raise ValueError(f"{name}: empty prompt")
+            batch["prompt_token_ids"].append(list(sample.prompt_token_ids))
+            batch["response_token_ids"].append(list(sample.response_token_ids))
+            batch["group_ids"].append(group_id)
+            batch["prompt_ids"].append(sample.prompt_id)
+            batch["sample_indices"].append(sample.sample_index)
+            batch["scores"].append(float(sample.score))
+            logprobs.append(torch.tensor(sample.response_logprobs, dtype=torch.float32))
+    return TrainBatch(**batch, token_fields={ROLLOUT_LOGPROBS: logprobs})
+
+
+def pad_right(values: list[torch.Tensor], width: int | None = None, value: float = 0.0) -> torch.Tensor:
+    """Stack 1-D tensors into [len(values), width], right-padded with `value`."""
+    width = max((v.shape[0] for v in values), default=0) if width is None else width
+    dtype = values[0].dtype if values else torch.float32
+    out = torch.full((len(values), width), value, dtype=dtype)
+    for i, v in enumerate(values):
+        out[i, : v.shape[0]] = v
+    return out
+
+
+def response_mask(lengths: list[int], width: int | None = None) -> torch.Tensor:
+    width = max(lengths, default=0) if width is None else width
+    return torch.arange(width).unsqueeze(0) < torch.tensor(lengths, dtype=torch.long).reshape(-1, 1)
+
+
+# --------------------------------------------------------------------------------------------
+# Planning: mini-batches, rank shards, micro-batches
+
+
+@dataclass
+class MiniBatchPlan:
+    """One optimizer step: `micro_batches[rank]` lists that rank's micro-batches (sequence indices of
+    the batch; an empty list is a filler micro-batch). Counts are over the whole mini-batch."""
+
+    micro_batches: list[list[list[int]]]
+    num_tokens: int  # response tokens, all ranks
+    num_sequences: int  # sequences with at least one response token, all ranks
+
+    def for_rank(self, rank: int) -> MiniBatchPlan:
+        return MiniBatchPlan([self.micro_batches[rank]], self.num_tokens, self.num_sequences)
+
+
+def split_across_ranks(indices: list[int], lengths: list[int], num_ranks: int) -> list[list[int]]:
+    """Longest sequence first, each to the rank with the fewest tokens so far (ties: lowest rank)."""
+    shards: list[list[int]] = [[] for _ in range(num_ranks)]
+    loads = [0] * num_ranks
+    for i in sorted(indices, key=lambda i: (-lengths[i], i)):
+        rank = min(range(num_ranks), key=lambda r: (loads[r], r))
+        shards[rank].append(i)
+        loads[rank] += lengths[i]
+    return shards
+
+
+def pack_micro_batches(indices: list[int], lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Group sequences, longest first, so each micro-batch's padded size (count x its longest
+    length) stays within `max_tokens`. A sequence longer than the budget gets a micro-batch alone."""
+    micro_batches: list[list[int]] = []
+    for i in sorted(indices, key=lambda i: (-lengths[i], i)):
+        current = micro_batches[-1] if micro_batches else None
+        # Sorted longest first: the first sequence of a micro-batch is its longest.
+        if current is not None and (len(current) + 1) * lengths[current[0]] <= max_tokens:
+            current.append(i)
+        else:
+            micro_batches.append([i])
+    return micro_batches
+
+
+def equalize_micro_batch_counts(per_rank: list[list[list[int]]]) -> list[list[list[int]]]:
+    """Split the largest micro-batches of ranks with fewer micro-batches than the busiest rank, and
+    add empty fillers where no micro-batch can be split, so every rank runs the same count."""
+    target = max(len(m) for m in per_rank)
+    result = []
+    for micro_batches in per_rank:
+        micro_batches = [list(m) for m in micro_batches]
+        while len(micro_batches) < target:
+            largest = max(range(len(micro_batches)), key=lambda k: len(micro_batches[k]), default=None)
+            if largest is None or len(micro_batches[largest]) < 2:
+                micro_batches.append([])
+                continue
+            whole = micro_batches[largest]
+            micro_batches[largest : largest + 1] = [whole[: len(whole) // 2], whole[len(whole) // 2 :]]
+        result.append(micro_batches)
+    return result
+
+
+def plan_mini_batches(
+    sequence_lengths: list[int],
+    response_lengths: list[int],
+    num_mini_batches: int,
+    num_ranks: int,
+    max_tokens_per_micro_batch: int,
+) -> list[MiniBatchPlan]:
+    """The plan of one pass over a batch (see the module docstring)."""
+    num_sequences = len(sequence_lengths)
+    if num_mini_batches < 1 or num_ranks < 1:
+        raise ValueError(f"num_mini_batches ({num_mini_batches}) and num_ranks ({num_ranks}) must be >= 1")
+    if num_sequences < num_mini_batches:
+        raise ValueError(f"a batch of {num_sequences} sequences cannot make {num_mini_batches} mini-batches")
+    bounds = [round(k * num_sequences / num_mini_batches) for k in range(num_mini_batches + 1)]
+    plans = []
+    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        indices = list(range(start, end))
+        shards = split_across_ranks(indices, sequence_lengths, num_ranks)
+        per_rank = [pack_micro_batches(s, sequence_lengths, max_tokens_per_micro_batch) for s in shards]
+        plans.append(MiniBatchPlan(
+            micro_batches=equalize_micro_batch_counts(per_rank),
+            num_tokens=sum(response_lengths[i] for i in indices),
+            num_sequences=sum(1 for i in indices if response_lengths[i] > 0),
+        ))
+    return plans
+
+
+# --------------------------------------------------------------------------------------------
+# Micro-batch tensors
+
+
+@dataclass
+class MicroBatch:
+    """Padded tensors of one micro-batch.
+
+    `input_ids` [B, L] are prompt + response, right-padded with `pad_token_id`. Right padding under
+    causal attention means no real token attends to a pad, so no attention mask is needed and
+    results do not depend on the padded width. `response_positions` [B, R] are the positions whose
+    logits predict the response tokens (`prompt_len - 1 + t`), `labels` [B, R] those tokens and
+    `mask` [B, R] marks real response tokens. `fields[name]` are the token fields, [B, R].
+    """
+
+    indices: list[int]
+    input_ids: torch.Tensor
+    response_positions: torch.Tensor
+    labels: torch.Tensor
+    mask: torch.Tensor
+    fields: dict[str, torch.Tensor]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.mask.sum())
+
+    def to(self, device: torch.device | str) -> MicroBatch:
+        move = lambda t: t.to(device, non_blocking=True)  # noqa: E731
+        return MicroBatch(self.indices, move(self.input_ids), move(self.response_positions), move(self.labels),
+                          move(self.mask), {k: move(v) for k, v in self.fields.items()})
+
+
+def build_micro_batch(batch: TrainBatch, indices: list[int], field_names: tuple[str, ...] = (),
+                      pad_token_id: int = 0) -> MicroBatch:
+    """Pad the given sequences of `batch` into a `MicroBatch` carrying the named token fields.
+
+    An empty `indices` gives a filler micro-batch: one pad token and no response token, so the
+    forward and backward still run (FSDP collectives) but contribute nothing.
+    """
+    if not indices:
+        one = torch.zeros((1, 1), dtype=torch.long)
+        return MicroBatch([], one + pad_token_id, one, one, one.bool(),
+                          {name: torch.zeros((1, 1)) for name in field_names})
+    sequences = [batch.prompt_token_ids[i] + batch.response_token_ids[i] for i in indices]
+    input_ids = pad_right([torch.tensor(s, dtype=torch.long) for s in sequences], value=pad_token_id)
+    response_lengths = [len(batch.response_token_ids[i]) for i in indices]
+    width = max(max(response_lengths), 1)
+    prompt_lengths = torch.tensor([len(batch.prompt_token_ids[i]) for i in indices]).unsqueeze(1)
+    mask = response_mask(response_lengths, width)
+    # Padded response slots point at the last real position so gathers stay in range.
+    positions = torch.minimum(prompt_lengths - 1 + torch.arange(width).unsqueeze(0), torch.tensor(input_ids.shape[1] - 1))
+    labels = pad_right([torch.tensor(batch.response_token_ids[i], dtype=torch.long) for i in indices], width,
+                       value=pad_token_id)
+    fields = {name: pad_right([batch.token_field(name)[i] for i in indices], width) for name in field_names}
+    return MicroBatch(list(indices), input_ids, positions, labels, mask, fields)
+
+
+def unpad_rows(padded: torch.Tensor, micro_batch: MicroBatch) -> list[tuple[int, torch.Tensor]]:
+    """(sequence index, its response-token values) for each real sequence of a micro-batch."""
+    lengths = micro_batch.mask.sum(dim=1).tolist()
+    return [(i, padded[row, : int(n)].detach().float().cpu().clone()) for row, (i, n) in
+            enumerate(zip(micro_batch.indices, lengths, strict=False))]

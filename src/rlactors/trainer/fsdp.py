@@ -1,0 +1,154 @@
+"""Plain functions a trainer rank uses: process group, model loading and FSDP2 sharding, forward
+passes over micro-batches, the learning-rate schedule, and streaming full weights out.
+
+Device and backend are detected: CUDA/ROCm devices use NCCL (RCCL on ROCm answers to the same
+name) with bf16 compute and fp32 master weights and gradient reduction; CPU uses gloo in fp32.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from rlactors.trainer.batch import MicroBatch
+
+ROLES = ("actor", "reference", "critic")
+
+
+def detect_device() -> tuple[str, str]:
+    """(device type, process group backend) of this process."""
+    return ("cuda", "nccl") if torch.cuda.is_available() else ("cpu", "gloo")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int) -> DeviceMesh:
+    """Join the group's process group (blocks until all ranks joined) and return a 1-D mesh."""
+    device_type, backend = detect_device()
+    os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK="0")
+    if device_type == "cuda":
+        torch.cuda.set_device(0)  # Ray gives each rank actor its own visible device
+    dist.init_process_group(backend, rank=rank, world_size=world_size)
+    return init_device_mesh(device_type, (world_size,))
+
+
+def load_role_model(path: str, role: str, seed: int) -> torch.nn.Module:
+    """The model of a role, in fp32 on CPU, identical on every rank (seeded before any random init).
+
+    actor and reference: the causal LM of the folder. critic: the same backbone with a one-output
+    token-classification head (`AutoModelForTokenClassification`, num_labels=1), randomly
+    initialised from `seed`, dropout off so forward passes are deterministic.
+    """
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    if role not in ROLES:
+        raise ValueError(f"trainer role {role!r}: allowed values are {ROLES}")
+    torch.manual_seed(seed)
+    kwargs = dict(dtype=torch.float32, local_files_only=True)
+    if role == "critic":
+        return AutoModelForTokenClassification.from_pretrained(path, num_labels=1, classifier_dropout=0.0, **kwargs)
+    return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+
+
+def shard_model(model: torch.nn.Module, mesh: DeviceMesh, gradient_checkpointing: bool = False) -> torch.nn.Module:
+    """FSDP2: one unit per decoder layer (gathered one at a time), then the root (embeddings, final
+    norm, head). Parameters stay fp32 (the optimizer's master copy); on GPU compute is bf16 with
+    fp32 gradient reduction."""
+    layers = getattr(model.base_model, "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: no decoder layers at base_model.layers to shard")
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+    if mesh.device_type == "cuda":
+        model.to(torch.device("cuda", torch.cuda.current_device()))
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    else:
+        policy = MixedPrecisionPolicy()
+    for layer in layers:
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model
+
+
+def response_logits(model: torch.nn.Module, micro: MicroBatch, temperature: float = 1.0) -> torch.Tensor:
+    """fp32 logits [B, R, vocab] at the positions predicting each response token, divided by the
+    sampling temperature (so logprobs match what the rollout engine sampled from)."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 to compute logprobs, got {temperature}")
+    logits = model(input_ids=micro.input_ids, use_cache=False).logits
+    index = micro.response_positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
+    logits = torch.gather(logits, 1, index).float()
+    return logits / temperature if temperature != 1.0 else logits
+
+
+def response_values(model: torch.nn.Module, micro: MicroBatch) -> torch.Tensor:
+    """Critic values [B, R] at the same positions as `response_logits`: the value of the state
+    before each response token."""
+    values = model(input_ids=micro.input_ids).logits.squeeze(-1)
+    return torch.gather(values, 1, micro.response_positions).float()
+
+
+def lr_multiplier(step: int, warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float) -> float:
+    """Factor on the peak lr at optimizer step `step` (0-based): linear warm-up over
+    `warmup_steps`, then constant or cosine decay to `min_lr_ratio` at `total_steps`."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    if schedule != "cosine":
+        raise ValueError(f"lr schedule {schedule!r}: allowed values are 'constant', 'cosine'")
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a (possibly sharded) DTensor; a collective on every rank of its mesh."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def unique_state_items(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(Hugging Face name, tensor) of the model's state dict, each shared tensor once (a tied
+    lm_head is the embedding: only its first name, `model.embed_tokens.weight`, is yielded)."""
+    seen: set[int] = set()
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        yield name, tensor
+
+
+def iter_weight_buckets(model: torch.nn.Module, bucket_bytes: int, keep: bool,
+                        dtype: torch.dtype | None = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Gather full tensors one at a time, in the same order on every rank (each gather is a
+    collective), and yield buckets of about `bucket_bytes` of CPU tensors where `keep` (rank 0).
+    Ranks with `keep=False` drop each gathered tensor at once and yield nothing; they must still
+    exhaust the iterator. A bucket always holds at least one tensor, so a tensor larger than
+    `bucket_bytes` travels alone."""
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size_bytes = 0
+    for name, tensor in unique_state_items(model):
+        whole = full_tensor(tensor.detach())
+        if not keep:
+            continue
+        whole = whole.to("cpu", dtype=dtype or whole.dtype)
+        bucket.append((name, whole))
+        size_bytes += whole.numel() * whole.element_size()
+        if size_bytes >= bucket_bytes:
+            yield bucket
+            bucket, size_bytes = [], 0
+    if bucket:
+        yield bucket

@@ -1,0 +1,126 @@
+"""`TrainerGroup`: N `TrainerWorker` rank actors sharing one torch.distributed process group.
+
+    actor = TrainerGroup("actor", model_dir, config.trainer, config.algorithm)
+    batch = train_batch_from_groups(groups)
+    batch.set_field("old_logprobs", actor.compute_logprobs(batch, temperature=1.0)["logprobs"])
+    ... advantages from the algorithm functions, `batch.set_padded_field("advantages", ...)` ...
+    metrics = actor.update_policy(batch, temperature=1.0)
+    refs, num_bytes = actor.export_weights()
+
+A plain driver-side object: it plans every call from the sequence lengths (mini-batches, one
+shard of sequences per rank, equal micro-batch counts; see `batch`), puts the batch into the
+object store once, fans the call out to all ranks and gathers the results back into batch order.
+Metrics are all-reduced by the ranks, so rank 0's are the group's.
+"""
+
+from __future__ import annotations
+
+import ray
+import torch
+
+from rlactors.config import AlgorithmConfig, TrainerConfig
+from rlactors.trainer.batch import MiniBatchPlan, TrainBatch, plan_mini_batches
+from rlactors.trainer.worker import TrainerWorker
+
+
+class TrainerGroup:
+    def __init__(self, role: str, model_path: str, trainer: TrainerConfig, algorithm: AlgorithmConfig | None = None,
+                 seed: int = 0, norm_tokens: int | None = None, use_gpu: bool | None = None):
+        """Start `trainer.num_workers` ranks of `role` ("actor", "reference" or "critic") on the model
+        folder `model_path`. `norm_tokens` is the constant of the `seq-mean-token-sum-norm` loss mode
+        (e.g. the maximum response length). `use_gpu=None` detects GPUs in the Ray cluster."""
+        algorithm = algorithm or AlgorithmConfig()
+        if algorithm.loss_agg_mode == "seq-mean-token-sum-norm" and (algorithm.loss_norm_tokens or norm_tokens) is None:
+            raise ValueError("algorithm.loss_agg_mode 'seq-mean-token-sum-norm' needs algorithm.loss_norm_tokens "
+                             "or the group's norm_tokens (e.g. the maximum response length)")
+        if use_gpu is None:
+            use_gpu = ray.cluster_resources().get("GPU", 0) > 0
+        self.role, self.trainer = role, trainer
+        self.num_workers = trainer.num_workers
+        options = dict(num_cpus=trainer.num_cpus_per_worker, num_gpus=1 if use_gpu else 0)
+        self.workers = [ray.remote(TrainerWorker).options(**options).remote(rank, self.num_workers, trainer.num_cpus_per_worker)
+                        for rank in range(self.num_workers)]
+        master_addr, master_port = ray.get(self.workers[0].master_address.remote())
+        # All ranks must enter setup together: init_process_group blocks until every rank joined.
+        self.info = ray.get([w.setup.remote(role, str(model_path), master_addr, master_port, trainer, algorithm,
+                                            seed, algorithm.loss_norm_tokens or norm_tokens) for w in self.workers])
+
+    def _plans(self, batch: TrainBatch, num_mini_batches: int) -> list[MiniBatchPlan]:
+        return plan_mini_batches(batch.sequence_lengths, batch.response_lengths, num_mini_batches, self.num_workers,
+                                 self.trainer.max_tokens_per_micro_batch)
+
+    def _fan_out(self, method: str, batch: TrainBatch | ray.ObjectRef, num_mini_batches: int, *args) -> list:
+        """Call `method(batch_ref, this rank's plans, *args)` on every rank; results in rank order."""
+        if isinstance(batch, ray.ObjectRef):
+            batch = ray.get(batch)
+        if len(batch) == 0:
+            raise ValueError(f"{self.role}.{method}: empty batch")
+        plans = self._plans(batch, num_mini_batches)
+        batch_ref = ray.put(batch)
+        return ray.get([getattr(w, method).remote(batch_ref, [plan.for_rank(rank) for plan in plans], *args)
+                        for rank, w in enumerate(self.workers)])
+
+    def _forward(self, method: str, batch: TrainBatch | ray.ObjectRef, *args) -> list:
+        """A forward-only pass: one mini-batch, results as (sequence index, ...) rows from all ranks."""
+        if isinstance(batch, ray.ObjectRef):
+            batch = ray.get(batch)
+        plan = self._plans(batch, 1)[0]
+        batch_ref = ray.put(batch)
+        results = ray.get([getattr(w, method).remote(batch_ref, plan.for_rank(rank), *args)
+                           for rank, w in enumerate(self.workers)])
+        rows = sorted((row for rank_rows in results for row in rank_rows), key=lambda row: row[0])
+        if [row[0] for row in rows] != list(range(len(batch))):
+            raise RuntimeError(f"{self.role}.{method}: ranks returned sequences {[r[0] for r in rows]}, "
+                               f"expected each of 0..{len(batch) - 1} once")
+        return rows
+
+    # ----------------------------------------------------------------------------------------
+
+    def compute_logprobs(self, batch: TrainBatch | ray.ObjectRef, temperature: float = 1.0,
+                         with_entropy: bool = False) -> dict[str, list[torch.Tensor]]:
+        """Response-token logprobs (and entropies) of every sequence, in batch order:
+        `{"logprobs": [...], "entropy": [...]}`. `temperature` is the sampling temperature."""
+        rows = self._forward("compute_logprobs", batch, temperature, with_entropy)
+        out = {"logprobs": [row[1] for row in rows]}
+        if with_entropy:
+            out["entropy"] = [row[2] for row in rows]
+        return out
+
+    def compute_values(self, batch: TrainBatch | ray.ObjectRef) -> list[torch.Tensor]:
+        """Critic values of every response token, in batch order."""
+        return [row[1] for row in self._forward("compute_values", batch)]
+
+    def update_policy(self, batch: TrainBatch | ray.ObjectRef, temperature: float = 1.0) -> dict[str, float]:
+        """PPO update: `num_epochs` x `num_mini_batches` optimizer steps. Needs token fields
+        `old_logprobs`, `advantages` (+ `ref_logprobs` with the KL loss, `rollout_logprobs` with TIS)."""
+        return self._fan_out("update_policy", batch, self.trainer.num_mini_batches, temperature)[0]
+
+    def update_critic(self, batch: TrainBatch | ray.ObjectRef) -> dict[str, float]:
+        """Value update; needs token fields `values` (at rollout time) and `returns`."""
+        return self._fan_out("update_critic", batch, self.trainer.num_mini_batches)[0]
+
+    def sft_step(self, batch: TrainBatch | ray.ObjectRef) -> dict[str, float]:
+        """Supervised NLL on response tokens: one optimizer step per mini-batch."""
+        return self._fan_out("sft_step", batch, self.trainer.num_mini_batches)[0]
+
+    def export_weights(self, bucket_bytes: int | None = None, dtype: torch.dtype | None = None) -> tuple[list, int]:
+        """(ObjectRefs of weight buckets, total bytes); each bucket a list of (HF name, tensor).
+        The refs are owned by rank 0's actor: read them while the group is alive, then drop them."""
+        bucket_bytes = bucket_bytes or self.trainer.export_bucket_bytes
+        results = ray.get([w.export_weights.remote(bucket_bytes, dtype) for w in self.workers])
+        return results[0]
+
+    def save_hf(self, path: str) -> None:
+        ray.get([w.save_hf.remote(str(path)) for w in self.workers])
+
+    def save_checkpoint(self, root: str, step: int) -> str:
+        return ray.get([w.save_checkpoint.remote(str(root), step) for w in self.workers])[0]
+
+    def load_checkpoint(self, path: str) -> int:
+        return ray.get([w.load_checkpoint.remote(str(path)) for w in self.workers])[0]
+
+    def shutdown(self) -> None:
+        ray.get([w.shutdown.remote() for w in self.workers])
+        for worker in self.workers:
+            ray.kill(worker)
+        self.workers = []

@@ -1,0 +1,342 @@
+"""`TrainerWorker`: one FSDP2 rank of a trainer group, as a Ray actor.
+
+Every public method is called on all ranks of the group at once (`TrainerGroup` does the fan-out):
+each one runs collectives (FSDP all-gathers and reduce-scatters, metric all-reduces), so all ranks
+run the same number of forward/backward passes, which the shared plan guarantees.
+
+Roles (plain branches, no subclasses): `actor` (policy: logprobs, PPO update, SFT), `reference`
+(frozen: logprobs only), `critic` (value head: values, value update).
+
+Loss normalisation: every micro-batch loss is that micro-batch's share of the mini-batch loss
+(global counts from the plan), so the shares of all micro-batches of all ranks sum to the loss of
+the whole mini-batch. FSDP averages gradients over ranks, hence the `* world_size` before backward.
+
+Checkpoint (`save_checkpoint`): model and optimizer state (DCP shards), LR scheduler, optimizer
+step and skipped-step counters, and RNG states, per rank. `load_checkpoint` restores all of it.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import defaultdict
+from pathlib import Path
+
+import ray
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+
+from rlactors.algorithms import (
+    aggregate_loss,
+    chunked_entropy_from_logits,
+    kl_penalty,
+    logprobs_from_logits,
+    masked_sum,
+    ppo_policy_loss,
+    sft_loss,
+    truncated_importance_weights,
+    value_loss,
+)
+from rlactors.config import AlgorithmConfig, TrainerConfig
+from rlactors.trainer import checkpoint, fsdp
+from rlactors.trainer.batch import (
+    ROLLOUT_LOGPROBS,
+    MicroBatch,
+    MiniBatchPlan,
+    TrainBatch,
+    build_micro_batch,
+    unpad_rows,
+)
+
+
+class TrainerWorker:
+    """One rank; `TrainerGroup` runs it as `ray.remote(TrainerWorker)` (a plain class here, so Ray
+    pickles it by reference to this module rather than by value)."""
+
+    def __init__(self, rank: int, world_size: int, num_cpus: float = 1.0):
+        torch.set_num_threads(max(1, int(num_cpus)))
+        self.rank, self.world_size = rank, world_size
+        self.num_optimizer_steps = 0
+        self.num_skipped_steps = 0
+
+    def master_address(self) -> tuple[str, int]:
+        """Rank 0's node address and a free port for the process group rendezvous."""
+        return ray.util.get_node_ip_address(), fsdp.free_port()
+
+    def setup(self, role: str, model_path: str, master_addr: str, master_port: int, trainer: TrainerConfig,
+              algorithm: AlgorithmConfig, seed: int = 0, norm_tokens: int | None = None) -> dict:
+        self.role, self.model_path, self.trainer, self.algorithm = role, model_path, trainer, algorithm
+        self.norm_tokens = norm_tokens
+        self.mesh = fsdp.init_distributed(self.rank, self.world_size, master_addr, master_port)
+        self.device = torch.device(self.mesh.device_type, torch.cuda.current_device()) \
+            if self.mesh.device_type == "cuda" else torch.device("cpu")
+        model = fsdp.load_role_model(model_path, role, seed)
+        self.architecture = type(model).__name__  # before FSDP2 renames the class
+        self.pad_token_id = model.config.pad_token_id or 0
+        trainable = role != "reference"
+        model.requires_grad_(trainable)
+        self.model = fsdp.shard_model(model, self.mesh, trainable and trainer.gradient_checkpointing)
+        self.model.train(trainable)
+        self.optimizer = self.scheduler = None
+        if trainable:
+            optim = trainer.critic_optim if role == "critic" else trainer.optim
+            self.optim_config = optim
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=optim.lr, betas=optim.betas,
+                                               weight_decay=optim.weight_decay)
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: fsdp.lr_multiplier(
+                step, optim.warmup_steps, optim.total_steps, optim.lr_schedule, optim.min_lr_ratio))
+        torch.manual_seed(seed + self.rank)
+        return {"rank": self.rank, "device": str(self.device), "num_parameters": sum(
+            p.numel() for p in self.model.parameters())}
+
+    # ----------------------------------------------------------------------------------------
+    # Forward-only passes
+
+    @torch.no_grad()
+    def compute_logprobs(self, batch: TrainBatch, plan: MiniBatchPlan, temperature: float,
+                         with_entropy: bool = False) -> list[tuple[int, torch.Tensor, torch.Tensor | None]]:
+        """(sequence index, response-token logprobs, entropies or None) for this rank's sequences."""
+        self._require_role("compute_logprobs", ("actor", "reference"))
+        out = []
+        for indices in plan.micro_batches[0]:
+            micro = build_micro_batch(batch, indices, pad_token_id=self.pad_token_id).to(self.device)
+            logits = fsdp.response_logits(self.model, micro, temperature)
+            logp = unpad_rows(logprobs_from_logits(logits, micro.labels), micro)
+            entropy = unpad_rows(chunked_entropy_from_logits(logits), micro) if with_entropy else [None] * len(logp)
+            out += [(i, lp, ent if ent is None else ent[1]) for (i, lp), ent in zip(logp, entropy, strict=True)]
+        return out
+
+    @torch.no_grad()
+    def compute_values(self, batch: TrainBatch, plan: MiniBatchPlan) -> list[tuple[int, torch.Tensor]]:
+        self._require_role("compute_values", ("critic",))
+        out = []
+        for indices in plan.micro_batches[0]:
+            micro = build_micro_batch(batch, indices, pad_token_id=self.pad_token_id).to(self.device)
+            out += unpad_rows(fsdp.response_values(self.model, micro), micro)
+        return out
+
+    # ----------------------------------------------------------------------------------------
+    # Updates
+
+    def update_policy(self, batch: TrainBatch, plans: list[MiniBatchPlan], temperature: float) -> dict[str, float]:
+        """PPO epochs over the mini-batches; metrics are means over optimizer steps."""
+        self._require_role("update_policy", ("actor",))
+        algo = self.algorithm
+        fields = ["old_logprobs", "advantages"] + [ROLLOUT_LOGPROBS] * bool(algo.tis_cap) + \
+            ["ref_logprobs"] * algo.use_kl_loss
+
+        def loss_fn(micro: MicroBatch, plan: MiniBatchPlan) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            f, mask = micro.fields, micro.mask
+            counts = self._counts(plan)
+            logits = fsdp.response_logits(self.model, micro, temperature)
+            logp = logprobs_from_logits(logits, micro.labels)
+            weights = truncated_importance_weights(f["old_logprobs"], f[ROLLOUT_LOGPROBS], algo.tis_cap) \
+                if algo.tis_cap else None
+            per_token, stats = ppo_policy_loss(logp, f["old_logprobs"], f["advantages"], mask, algo.clip_ratio_low,
+                                               algo.clip_ratio_high, algo.clip_ratio_c, importance_weights=weights)
+            pg_loss = aggregate_loss(per_token, mask, algo.loss_agg_mode, **counts)
+            loss = pg_loss
+            num_tokens = mask.sum()
+            sums = {"pg_loss": pg_loss, **{k: stats[k] * num_tokens for k in ("ppo_kl", "pg_clipfrac",
+                                                                              "pg_clipfrac_lower")}}
+            if algo.use_kl_loss:
+                kl = aggregate_loss(kl_penalty(logp, f["ref_logprobs"], algo.kl_loss_type), mask,
+                                    algo.loss_agg_mode, **counts)
+                loss = loss + algo.kl_loss_coef * kl
+                sums["kl_loss"] = kl
+            with torch.set_grad_enabled(algo.entropy_coef != 0 and torch.is_grad_enabled()):
+                entropy = chunked_entropy_from_logits(logits)
+                if algo.entropy_coef != 0:
+                    loss = loss - algo.entropy_coef * aggregate_loss(entropy, mask, algo.loss_agg_mode, **counts)
+            sums["entropy"] = masked_sum(entropy.detach(), mask)
+            return loss, sums
+
+        return self._train(batch, plans, fields, loss_fn, "actor", self.trainer.num_epochs)
+
+    def update_critic(self, batch: TrainBatch, plans: list[MiniBatchPlan]) -> dict[str, float]:
+        self._require_role("update_critic", ("critic",))
+        algo = self.algorithm
+
+        def loss_fn(micro: MicroBatch, plan: MiniBatchPlan) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            values = fsdp.response_values(self.model, micro)
+            per_token, stats = value_loss(values, micro.fields["values"], micro.fields["returns"], micro.mask,
+                                          algo.value_clip)
+            loss = aggregate_loss(per_token, micro.mask, algo.loss_agg_mode, **self._counts(plan))
+            return loss, {"vf_loss": loss, "vf_clipfrac": stats["vf_clipfrac"] * micro.mask.sum()}
+
+        return self._train(batch, plans, ["values", "returns"], loss_fn, "critic", self.trainer.num_epochs)
+
+    def sft_step(self, batch: TrainBatch, plans: list[MiniBatchPlan]) -> dict[str, float]:
+        """Supervised masked NLL of the response tokens (prompt tokens are context only)."""
+        self._require_role("sft_step", ("actor",))
+
+        def loss_fn(micro: MicroBatch, plan: MiniBatchPlan) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            logp = logprobs_from_logits(fsdp.response_logits(self.model, micro), micro.labels)
+            loss = sft_loss(logp, micro.mask, global_num_tokens=plan.num_tokens)
+            return loss, {"sft_loss": loss}
+
+        return self._train(batch, plans, [], loss_fn, "actor", num_epochs=1)
+
+    def _counts(self, plan: MiniBatchPlan) -> dict:
+        return dict(global_num_tokens=plan.num_tokens, global_num_sequences=plan.num_sequences,
+                    norm_tokens=self.norm_tokens)
+
+    def _train(self, batch, plans, fields, loss_fn, prefix: str, num_epochs: int) -> dict[str, float]:
+        """Run optimizer steps, one per mini-batch per epoch; all-reduce and average the metrics.
+
+        Metrics named in `TOKEN_MEAN_METRICS` arrive as token-weighted sums and are divided by the
+        mini-batch's token count; the others (loss shares) are summed over micro-batches and ranks.
+        """
+        totals: dict[str, float] = defaultdict(float)
+        num_steps = 0
+        for _ in range(num_epochs):
+            for plan in plans:
+                sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=self.device))
+                for indices in plan.micro_batches[0]:
+                    micro = build_micro_batch(batch, indices, tuple(fields), self.pad_token_id).to(self.device)
+                    loss, micro_sums = loss_fn(micro, plan)
+                    (loss * self.world_size).backward()
+                    for key, value in micro_sums.items():
+                        sums[key] += value.detach().float()
+                keys = sorted(sums)
+                reduced = torch.stack([sums[k] for k in keys])
+                dist.all_reduce(reduced)
+                step = dict(zip(keys, reduced.tolist(), strict=True))
+                for key in TOKEN_MEAN_METRICS.intersection(step):
+                    step[key] /= max(plan.num_tokens, 1)
+                loss_total = sum(step[k] for k in keys if k.endswith("_loss"))
+                step.update(self._optimizer_step(finite=math.isfinite(loss_total)))
+                for key, value in step.items():
+                    totals[key] += value
+                num_steps += 1
+        metrics = {f"{prefix}/{k}": v / num_steps for k, v in totals.items()}
+        metrics[f"{prefix}/num_skipped_steps"] = float(self.num_skipped_steps)
+        metrics[f"{prefix}/num_optimizer_steps"] = float(self.num_optimizer_steps)
+        return metrics
+
+    def _optimizer_step(self, finite: bool) -> dict[str, float]:
+        """Clip and step, or skip when the loss or gradient norm is not finite: then weights and
+        optimizer state stay untouched and the skip is counted. The decision uses all-reduced
+        values, so every rank takes the same branch."""
+        lr = self.scheduler.get_last_lr()[0]
+        grad_norm = float(fsdp.full_tensor(torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), self.optim_config.grad_clip)))
+        if finite and math.isfinite(grad_norm):
+            self.optimizer.step()
+            self.scheduler.step()
+            self.num_optimizer_steps += 1
+        else:
+            self.num_skipped_steps += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"grad_norm": grad_norm, "lr": lr}
+
+    def _require_role(self, method: str, roles: tuple[str, ...]) -> None:
+        if self.role not in roles:
+            raise ValueError(f"{method} needs a trainer of role {' or '.join(roles)}; this one is {self.role!r}")
+
+    # ----------------------------------------------------------------------------------------
+    # Weights out: to rollout engines and to a Hugging Face folder
+
+    def export_weights(self, bucket_bytes: int, dtype: torch.dtype | None = None) -> tuple[list, int]:
+        """Stream full weights out in buckets of ~`bucket_bytes`: (list of ObjectRefs, total bytes).
+
+        Each bucket is a list of (Hugging Face name, CPU tensor), gathered tensor by tensor and put
+        into the object store as soon as it fills, so no rank ever holds more than one bucket of
+        gathered weights. Rank 0 puts and therefore OWNS the refs: they stay readable while this
+        actor lives (they die with it) and are freed once every holder drops them. Other ranks
+        only join the gathers and return no refs. A tied lm_head is sent once, as the embedding.
+        """
+        refs, total_bytes = [], 0
+        for bucket in fsdp.iter_weight_buckets(self.model, bucket_bytes, keep=self.rank == 0, dtype=dtype):
+            total_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
+            refs.append(ray.put(bucket))
+        return refs, total_bytes
+
+    def save_hf(self, path: str) -> None:
+        """Write a Hugging Face folder (safetensors, config, generation config, tokenizer) from rank 0."""
+        from safetensors.torch import save_file
+
+        from rlactors.models import load_tokenizer
+
+        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.rank == 0:
+            Path(path).mkdir(parents=True, exist_ok=True)
+            output = self.model.get_output_embeddings() if self.role != "critic" else None
+            if output is not None and self.model.config.tie_word_embeddings:
+                tied = next(n for n, m in self.model.named_modules() if m is output) + ".weight"
+                state.pop(tied, None)  # safetensors stores a shared tensor once; transformers re-ties it
+            save_file({k: v.contiguous() for k, v in state.items()}, str(Path(path) / "model.safetensors"),
+                      metadata={"format": "pt"})
+            self.model.config.architectures = [self.architecture]
+            self.model.config.save_pretrained(path)
+            if self.model.generation_config is not None and self.role != "critic":
+                self.model.generation_config.save_pretrained(path)
+            load_tokenizer(self.model_path).save_pretrained(path)
+        dist.barrier()
+
+    # ----------------------------------------------------------------------------------------
+    # Checkpoint
+
+    def save_checkpoint(self, root: str, step: int) -> str:
+        """Write checkpoint `step` under `root` atomically (see `checkpoint`); returns its path."""
+        if self.rank == 0:
+            checkpoint.prepare_temp_dir(root, step)
+        dist.barrier()
+        temp = checkpoint.temp_dir(root, step)
+        dcp.save(self._dcp_state(), checkpoint_id=str(temp))
+        torch.save(self._rank_state(step), temp / f"rank_{self.rank}.pt")
+        dist.barrier()
+        if self.rank == 0:
+            checkpoint.commit(root, step)
+        dist.barrier()
+        return str(Path(root) / checkpoint.checkpoint_name(step))
+
+    def load_checkpoint(self, path: str) -> int:
+        """Restore a checkpoint (a directory, or a root whose `latest` names one); returns its step."""
+        path = checkpoint.resolve_checkpoint(path)
+        state = self._dcp_state()
+        dcp.load(state, checkpoint_id=str(path))
+        if self.optimizer is not None:
+            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optimizer"])
+        else:
+            set_state_dict(self.model, [], model_state_dict=state["model"], optim_state_dict={})
+        extra = torch.load(path / f"rank_{self.rank}.pt", weights_only=False)
+        self.num_optimizer_steps, self.num_skipped_steps = extra["num_optimizer_steps"], extra["num_skipped_steps"]
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(extra["scheduler"])
+        torch.set_rng_state(extra["rng"]["torch"])
+        random.setstate(extra["rng"]["python"])
+        if extra["rng"]["cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state(extra["rng"]["cuda"])
+        dist.barrier()
+        return extra["step"]
+
+    def _dcp_state(self) -> dict:
+        if self.optimizer is None:
+            return {"model": get_model_state_dict(self.model)}
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        return {"model": model_state, "optimizer": optim_state}
+
+    def _rank_state(self, step: int) -> dict:
+        return {
+            "step": step, "role": self.role,
+            "num_optimizer_steps": self.num_optimizer_steps, "num_skipped_steps": self.num_skipped_steps,
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
+                    "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None},
+        }
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+TOKEN_MEAN_METRICS = frozenset({"ppo_kl", "pg_clipfrac", "pg_clipfrac_lower", "entropy", "vf_clipfrac"})
