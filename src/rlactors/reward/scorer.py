@@ -10,8 +10,9 @@ the driver never fetches a group to score it and scoring overlaps with generatio
 
 Each actor owns one persistent worker subprocess that runs the scoring function (see `worker_main`).
 The actor sends it a batch and waits at most `timeout_s` for each sample's result. Past that it
-kills the subprocess's whole process group, so the work really stops (a signal alarm would not:
-it only works on the main thread and cannot interrupt a long C call inside sympy), records the
+kills the subprocess's whole process group, so the work really stops (math-verify's SIGALRM
+timeout raises ValueError off the main thread, e.g. in a threaded actor, fires only where the
+running code checks for signals, and user code can swallow the exception), records the
 timeout against that sample, starts a fresh subprocess and goes on with the next sample.
 
 A sample whose function raises, hangs, returns NaN or a wrong type, or kills its process, gets
@@ -178,9 +179,6 @@ class RewardScorer:
             "reward/scoring_s": self.scoring_s
         }
 
-    def worker_pid(self) -> int:
-        return self.process.pid
-
     def state_dict(self) -> dict[str, Any]:
         return {"counts": dict(self.counts), "scoring_s": self.scoring_s}
 
@@ -299,9 +297,10 @@ class RewardPool:
                 )
             overlong_buffer_tokens = config.overlong.buffer_tokens
         self.max_groups_per_call = config.max_groups_per_call
+        custom_function = resolve_function_spec(config.custom_function)
         self.actors = [
             RewardScorer.options(num_cpus=config.num_cpus_per_worker).remote(
-                resolve_function_spec(config.custom_function),
+                custom_function,
                 config.gsm8k_mode,
                 config.timeout_s,
                 max_response_tokens,

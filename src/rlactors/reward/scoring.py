@@ -7,7 +7,7 @@ scorer from `data_source`; a user function with the same signature replaces it e
 (`load_user_function("my_rewards.py:compute_score")`).
 
 None of these functions time out by themselves: sympy (behind math-verify) can hang on adversarial
-input, and a signal alarm neither works outside the main thread nor interrupts a long C call.
+input, and a SIGALRM timeout fails outside the main thread and can be swallowed by user code.
 The scorer actor (`rlactors.reward.scorer`) runs them in a subprocess it kills past the limit.
 """
 
