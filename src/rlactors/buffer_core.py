@@ -1,0 +1,479 @@
+"""The replay buffer's accounting, as a plain Python class (no Ray, no waiting).
+
+`BufferCore` decides; the `ReplayBuffer` actor (rlactors.buffer) wraps it and turns "not now" into
+waiting. Every method either completes or returns an empty result; none blocks.
+
+A prompt is tracked per (epoch, prompt_id) through these statuses:
+
+    pending -> reserved -> queued -> sampled -> trained
+                  ^          |         |
+                  |          |         +-> queued        (nack: the trainer gave the batch back)
+                  +----------+-> dropped  (zero variance, rollout error, too stale)
+                  pending <--+            (evicted for staleness and re-issued, or reservation cancelled)
+
+Invariants (checked by tests/test_buffer_properties.py):
+- every delivered group has current_version - oldest_policy_version <= max_staleness;
+- no group_id is delivered twice, and a prompt is marked trained at most once per epoch;
+- groups not yet trained (reserved + queued + sampled but unacked) never exceed `capacity_groups`
+  when a reservation is handed out (backpressure);
+- every added prompt ends trained or dropped with a reason; nothing leaves silently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Literal
+
+from rlactors.types import Group, PromptRequest
+
+Key = tuple[int, str]  # (epoch, prompt_id)
+TERMINAL = ("trained", "dropped")
+
+
+class DynamicSamplingExhausted(RuntimeError):
+    """Dynamic sampling spent its generation rounds without keeping a single group."""
+
+
+@dataclass
+class LedgerEntry:
+    """What happened to one prompt in one epoch; queryable and saved in the checkpoint."""
+
+    epoch: int
+    prompt_id: str
+    status: str = "pending"  # pending | reserved | queued | sampled | trained | dropped
+    group_id: str = ""  # the latest attempt
+    num_attempts: int = 0  # reservations handed out for this prompt
+    num_evictions: int = 0  # times its group went stale before being trained
+    reason: str = ""  # why it was dropped
+    batch_id: int = -1  # batch that trained it
+    policy_version: int = -1  # trainer version it was trained at
+    staleness: int = -1  # policy_version - the group's oldest version
+
+
+@dataclass
+class Reservation:
+    key: Key
+    producer_id: str
+    policy_version: int  # trainer version when it was handed out
+
+
+@dataclass
+class QueuedGroup:
+    epoch: int
+    group: Group
+    oldest_policy_version: int
+
+
+@dataclass
+class SampledBatch:
+    """Groups to train at `policy_version`; ack `batch_id` after the optimizer step.
+    An empty batch means the buffer is closed and nothing is left to train."""
+
+    batch_id: int
+    policy_version: int
+    groups: list[Group]
+    staleness: list[int] = field(default_factory=list)  # per group
+    epochs: list[int] = field(default_factory=list)  # per group: the epoch whose prompt it answers
+
+
+def capacity_groups(batch_size_prompts: int, trigger_parameter_sync_step: int, staleness_threshold: float) -> int:
+    """Most groups reserved or queued at once: (1 + threshold) x groups per weight sync (veRL's rule)."""
+    return math.floor((1.0 + staleness_threshold) * batch_size_prompts * trigger_parameter_sync_step)
+
+
+def group_metric_values(group: Group, metric: Literal["score", "acc"]) -> list[float]:
+    """The per-sample values dynamic sampling looks at; a missing one is an error naming the sample."""
+    values = []
+    for sample in group.samples:
+        value = sample.score if metric == "score" else sample.score_details.get("acc")
+        if value is None:
+            raise ValueError(
+                f"prompt_id {group.prompt_id!r} group_id {group.group_id!r} sample {sample.sample_index}: "
+                f"no {metric!r} to filter on (dynamic sampling needs scored groups)"
+            )
+        values.append(float(value))
+    return values
+
+
+def has_zero_variance(values: list[float]) -> bool:
+    """DAPO's filter: a group of two or more whose values are all equal gives no GRPO signal."""
+    return len(values) > 1 and max(values) == min(values)
+
+
+class BufferCore:
+    def __init__(
+        self,
+        capacity_groups: int,
+        max_staleness: int,
+        on_stale: Literal["reissue", "drop"] = "reissue",
+        max_reissues: int = 3,
+        dynamic_sampling: bool = False,
+        dynamic_sampling_metric: Literal["score", "acc"] = "score",
+        max_generation_rounds: int = 10,
+    ):
+        if capacity_groups < 1:
+            raise ValueError(f"capacity_groups must be >= 1, got {capacity_groups}")
+        self.capacity_groups = capacity_groups
+        self.max_staleness = max_staleness
+        self.on_stale = on_stale
+        self.max_reissues = max_reissues
+        self.dynamic_sampling = dynamic_sampling
+        self.dynamic_sampling_metric = dynamic_sampling_metric
+        self.max_generation_rounds = max_generation_rounds
+
+        self.policy_version = 0
+        self.closed = False  # no more prompts will be added
+        self.next_batch_id = 0
+        self.num_put_since_batch = 0  # groups arrived since the last batch: dynamic sampling's budget
+        self.entries: dict[Key, LedgerEntry] = {}
+        self.requests: dict[Key, PromptRequest] = {}  # originals of unfinished prompts, to (re)issue
+        self.reissued: deque[Key] = deque()  # handed out before fresh prompts
+        self.fresh: deque[Key] = deque()
+        self.reserved: dict[str, Reservation] = {}  # by group_id
+        self.queue: deque[QueuedGroup] = deque()  # oldest first
+        self.unacked: dict[int, SampledBatch] = {}
+        self.acked_batch_ids: set[int] = set()
+        self.num_unacked_groups = 0
+        self.num_unfinished = 0
+        self.events: list[dict] = []
+        self.counters: Counter[str] = Counter()
+        self.trained_staleness: Counter[int] = Counter()
+
+    # -- producer side ------------------------------------------------------------------------
+
+    def add_prompts(self, requests: list[PromptRequest], epoch: int = 0) -> int:
+        if self.closed:
+            raise ValueError("buffer is closed: no prompts can be added")
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        keys = [(epoch, r.prompt_id) for r in requests]
+        for index, (request, key) in enumerate(zip(requests, keys, strict=True)):
+            if not isinstance(request.prompt_id, str) or not request.prompt_id:
+                raise ValueError(f"request {index}: prompt_id must be a non-empty string, got {request.prompt_id!r}")
+            if key in self.entries or keys.index(key) != index:
+                raise ValueError(f"prompt_id {request.prompt_id!r} added twice in epoch {epoch}")
+        for request, key in zip(requests, keys, strict=True):
+            self.entries[key] = LedgerEntry(epoch, request.prompt_id)
+            self.requests[key] = request
+            self.fresh.append(key)
+        self.num_unfinished += len(requests)
+        self.counters["num_prompts_added"] += len(requests)
+        return len(requests)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_done(self) -> bool:
+        """Closed and every prompt trained or dropped: producers may exit."""
+        return self.closed and self.num_unfinished == 0
+
+    def num_groups_ahead(self) -> int:
+        """Groups the producers are ahead of the trainer: reserved, queued, or sampled but unacked."""
+        return len(self.reserved) + len(self.queue) + self.num_unacked_groups
+
+    def num_free_slots(self) -> int:
+        return self.capacity_groups - self.num_groups_ahead()
+
+    def reserve(self, max_count: int, producer_id: str = "") -> list[PromptRequest]:
+        """Up to `max_count` prompts to generate (re-issued ones first), each with a fresh group_id.
+        Empty when the producers are `capacity_groups` ahead or nothing is pending. Since unacked
+        groups count as ahead, with capacity_groups < 2 x batch_size the trainer must ack a batch
+        before the next one can be generated (staleness_threshold 0 is synchronous)."""
+        count = min(max_count, self.num_free_slots(), len(self.reissued) + len(self.fresh))
+        handed_out = []
+        for _ in range(max(count, 0)):
+            key = self.reissued.popleft() if self.reissued else self.fresh.popleft()
+            entry = self.entries[key]
+            entry.group_id = f"{entry.prompt_id}#{entry.epoch}.{entry.num_attempts}"
+            entry.num_attempts += 1
+            entry.status = "reserved"
+            self.reserved[entry.group_id] = Reservation(key, producer_id, self.policy_version)
+            handed_out.append(dataclasses.replace(self.requests[key], group_id=entry.group_id))
+        self.counters["num_reserved"] += len(handed_out)
+        return handed_out
+
+    def cancel_reservations(self, producer_id: str) -> list[str]:
+        """Re-issue every open reservation of a producer (it died); returns their group_ids."""
+        group_ids = [gid for gid, r in self.reserved.items() if r.producer_id == producer_id]
+        for group_id in group_ids:
+            key = self.reserved.pop(group_id).key
+            self.entries[key].status = "pending"
+            self.reissued.append(key)
+            self._event("cancelled", key, group_id, reason=f"producer {producer_id!r}")
+        self.counters["num_cancelled"] += len(group_ids)
+        return group_ids
+
+    def put(self, groups: list[Group]) -> dict[str, int]:
+        """Accept generated groups. All are checked before any is applied, so a bad one changes
+        nothing. A group of an attempt no longer open (already put, e.g. by a retried call, or
+        whose reservation was cancelled) is ignored, counted and logged: its prompt is elsewhere."""
+        fresh: dict[str, Group] = {}
+        for index, group in enumerate(groups):
+            if group.group_id in fresh or self._is_superseded(group.group_id):
+                key = _parse_group_id(group.group_id)[0]
+                self._event("put_superseded", key, group.group_id)
+                continue
+            self._check_group(group, index)
+            fresh[group.group_id] = group
+        result = Counter(superseded=len(groups) - len(fresh))
+        for group in fresh.values():
+            key = self.reserved.pop(group.group_id).key
+            self.num_put_since_batch += 1
+            errors = [s.error for s in group.samples if s.error]
+            oldest = group.oldest_policy_version
+            if errors:
+                self._drop(key, f"rollout_error: {errors[0]}")
+                result["rollout_error"] += 1
+            elif self.policy_version - oldest > self.max_staleness:
+                self._evict(key, group.group_id, self.policy_version - oldest)
+                result["stale"] += 1
+            elif self.dynamic_sampling and has_zero_variance(group_metric_values(group, self.dynamic_sampling_metric)):
+                self._drop(key, "zero_variance")
+                result["zero_variance"] += 1
+            else:
+                self.entries[key].status = "queued"
+                self.queue.append(QueuedGroup(key[0], group, oldest))
+                result["kept"] += 1
+        for name, count in result.items():
+            self.counters[f"num_put_{name}"] += count
+        return dict(result)
+
+    def _is_superseded(self, group_id: str) -> bool:
+        if group_id in self.reserved:
+            return False
+        key, attempt = _parse_group_id(group_id)
+        return key in self.entries and attempt < self.entries[key].num_attempts
+
+    def _check_group(self, group: Group, index: int) -> None:
+        where = f"group {index} (prompt_id {group.prompt_id!r}, group_id {group.group_id!r})"
+        reservation = self.reserved.get(group.group_id)
+        if reservation is None:
+            raise ValueError(f"{where}: not reserved: never handed out by this buffer")
+        if reservation.key[1] != group.prompt_id:
+            raise ValueError(f"{where}: group_id was reserved for prompt_id {reservation.key[1]!r}")
+        if not group.samples:
+            raise ValueError(f"{where}: has no samples")
+        for sample in group.samples:
+            if not sample.error and not sample.token_policy_versions:
+                raise ValueError(f"{where} sample {sample.sample_index}: empty token_policy_versions")
+        if group.oldest_policy_version is None:
+            raise ValueError(f"{where}: no sample carries a policy version")
+        if self.dynamic_sampling and not any(s.error for s in group.samples):
+            group_metric_values(group, self.dynamic_sampling_metric)  # raises naming the sample
+
+    # -- trainer side -------------------------------------------------------------------------
+
+    def set_policy_version(self, policy_version: int) -> None:
+        if policy_version < self.policy_version:
+            raise ValueError(f"policy_version went back from {self.policy_version} to {policy_version}")
+        self.policy_version = policy_version
+
+    def sample(self, batch_size: int, current_version: int) -> SampledBatch | None:
+        """A batch of `batch_size` groups, none staler than `max_staleness` at `current_version`,
+        or None when the caller must wait. Short batches only come when no more groups can arrive
+        (closed), or when dynamic sampling has spent its generation rounds."""
+        if batch_size < 1 or batch_size > self.capacity_groups:
+            raise ValueError(f"batch_size must be in 1..capacity_groups={self.capacity_groups}, got {batch_size}")
+        self.set_policy_version(current_version)
+        self._evict_stale()
+        count = None
+        if len(self.queue) >= batch_size:
+            count = batch_size
+        elif self.closed and not self.reissued and not self.fresh and not self.reserved:
+            count = len(self.queue)  # nothing more can arrive: short (possibly empty) batch
+        elif self.dynamic_sampling and self.num_put_since_batch >= self.max_generation_rounds * batch_size:
+            if not self.queue:
+                raise DynamicSamplingExhausted(
+                    f"dynamic sampling kept no group out of the last {self.num_put_since_batch} generated "
+                    f"({self.max_generation_rounds} rounds of {batch_size}); all had zero "
+                    f"{self.dynamic_sampling_metric!r} variance or were stale. Raise buffer.max_generation_rounds "
+                    "or turn off buffer.dynamic_sampling"
+                )
+            count = len(self.queue)
+            self.counters["num_short_batches"] += 1
+        if count is None:
+            return None
+        items = [self.queue.popleft() for _ in range(count)]
+        batch = SampledBatch(
+            self.next_batch_id, current_version, [item.group for item in items],
+            [current_version - item.oldest_policy_version for item in items], [item.epoch for item in items],
+        )
+        for item in items:
+            entry = self.entries[(item.epoch, item.group.prompt_id)]
+            entry.status, entry.batch_id = "sampled", batch.batch_id
+        self.unacked[batch.batch_id] = batch
+        self.num_unacked_groups += len(items)
+        self.next_batch_id += 1
+        self.num_put_since_batch = 0
+        self.counters["num_batches"] += 1
+        return batch
+
+    def ack(self, batch_id: int) -> bool:
+        """The batch was trained: record it in the ledger. Acking twice is a no-op (returns False)."""
+        if batch_id in self.acked_batch_ids:
+            return False
+        batch = self.unacked.pop(batch_id, None)
+        if batch is None:
+            raise ValueError(f"batch_id {batch_id} was never delivered (or was nacked)")
+        for group, staleness, epoch in zip(batch.groups, batch.staleness, batch.epochs, strict=True):
+            key = (epoch, group.prompt_id)
+            entry = self.entries[key]
+            assert entry.status == "sampled", f"prompt_id {key[1]!r} epoch {key[0]} is {entry.status}, not sampled"
+            entry.status, entry.policy_version, entry.staleness = "trained", batch.policy_version, staleness
+            self._finish(key)
+            self.trained_staleness[staleness] += 1
+        self.acked_batch_ids.add(batch_id)
+        self.num_unacked_groups -= len(batch.groups)
+        self.counters["num_trained"] += len(batch.groups)
+        return True
+
+    def nack(self, batch_id: int) -> None:
+        """The batch was not trained: its groups go back to the front of the queue, in order."""
+        batch = self.unacked.pop(batch_id, None)
+        if batch is None:
+            raise ValueError(f"batch_id {batch_id} is not waiting for an ack")
+        for group, epoch in zip(reversed(batch.groups), reversed(batch.epochs), strict=True):
+            entry = self.entries[(epoch, group.prompt_id)]
+            entry.status, entry.batch_id = "queued", -1
+            self.queue.appendleft(QueuedGroup(epoch, group, group.oldest_policy_version))
+        self.num_unacked_groups -= len(batch.groups)
+        self.counters["num_nacked"] += len(batch.groups)
+
+    # -- staleness, drops, ledger -------------------------------------------------------------
+
+    def _evict_stale(self) -> None:
+        kept = deque()
+        for item in self.queue:
+            staleness = self.policy_version - item.oldest_policy_version
+            if staleness > self.max_staleness:
+                self._evict((item.epoch, item.group.prompt_id), item.group.group_id, staleness)
+            else:
+                kept.append(item)
+        self.queue = kept
+
+    def _evict(self, key: Key, group_id: str, staleness: int) -> None:
+        entry = self.entries[key]
+        entry.num_evictions += 1
+        self.counters["num_evicted_stale"] += 1
+        self._event("evicted_stale", key, group_id, staleness=staleness)
+        if self.on_stale == "reissue" and entry.num_evictions <= self.max_reissues:
+            entry.status = "pending"
+            self.reissued.append(key)
+            self.counters["num_reissued"] += 1
+        else:
+            why = "on_stale=drop" if self.on_stale == "drop" else f"evicted {entry.num_evictions} times"
+            self._drop(key, f"stale ({why})")
+
+    def _drop(self, key: Key, reason: str) -> None:
+        entry = self.entries[key]
+        entry.status, entry.reason = "dropped", reason
+        self._finish(key)
+        self.counters["num_dropped"] += 1
+        self._event("dropped", key, entry.group_id, reason=reason)
+
+    def _finish(self, key: Key) -> None:
+        self.requests.pop(key, None)
+        self.num_unfinished -= 1
+
+    def _event(self, kind: str, key: Key, group_id: str, staleness: int = -1, reason: str = "") -> None:
+        self.events.append(dict(kind=kind, epoch=key[0], prompt_id=key[1], group_id=group_id,
+                                policy_version=self.policy_version, staleness=staleness, reason=reason))
+
+    # -- queries and checkpoint ---------------------------------------------------------------
+
+    def ledger(self, epoch: int | None = None) -> list[LedgerEntry]:
+        return [dataclasses.replace(e) for e in self.entries.values() if epoch is None or e.epoch == epoch]
+
+    def metrics(self) -> dict[str, float]:
+        num_trained = sum(self.trained_staleness.values())
+        staleness_sum = sum(s * n for s, n in self.trained_staleness.items())
+        return {
+            **{name: 0 for name in COUNTER_NAMES},
+            **self.counters,
+            "policy_version": self.policy_version,
+            "capacity_groups": self.capacity_groups,
+            "num_pending": len(self.reissued) + len(self.fresh),
+            "num_reserved_open": len(self.reserved),
+            "num_queued": len(self.queue),
+            "num_unacked_batches": len(self.unacked),
+            "num_groups_ahead": self.num_groups_ahead(),
+            "num_unfinished": self.num_unfinished,
+            "staleness_mean": staleness_sum / num_trained if num_trained else 0.0,
+            "staleness_max": max(self.trained_staleness, default=0),
+        }
+
+    def state_dict(self) -> dict:
+        """Everything needed to resume: the ledger, unfinished prompts (with their requests) in
+        hand-out order, open reservations, queued groups (by value), unacked batches, counters
+        and the event log. Plain Python values and `Group`/`PromptRequest` dataclasses."""
+        return {
+            "policy_version": self.policy_version,
+            "closed": self.closed,
+            "next_batch_id": self.next_batch_id,
+            "num_put_since_batch": self.num_put_since_batch,
+            "entries": [dataclasses.asdict(e) for e in self.entries.values()],
+            "requests": [(key[0], request) for key, request in self.requests.items()],
+            "reissued": [list(key) for key in self.reissued],
+            "fresh": [list(key) for key in self.fresh],
+            "reserved": [[gid, *r.key, r.producer_id, r.policy_version] for gid, r in self.reserved.items()],
+            "queue": [(item.epoch, item.group) for item in self.queue],
+            "unacked": [
+                dict(batch_id=b.batch_id, policy_version=b.policy_version, groups=list(b.groups),
+                     staleness=list(b.staleness), epochs=list(b.epochs))
+                for b in self.unacked.values()
+            ],
+            "acked_batch_ids": sorted(self.acked_batch_ids),
+            "events": [dict(event) for event in self.events],
+            "counters": dict(self.counters),
+            "trained_staleness": {str(s): n for s, n in self.trained_staleness.items()},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume. Open reservations died with their producers: their prompts are handed out
+        again first, under the same group_id. Unacked batches were not trained: their groups
+        return to the front of the queue (staleness is checked again at the next sample)."""
+        self.policy_version = state["policy_version"]
+        self.closed = state["closed"]
+        self.next_batch_id = state["next_batch_id"]
+        self.num_put_since_batch = state["num_put_since_batch"]
+        self.entries = {(e["epoch"], e["prompt_id"]): LedgerEntry(**e) for e in state["entries"]}
+        self.requests = {(epoch, r.prompt_id): r for epoch, r in state["requests"]}
+        self.reissued = deque(tuple(key) for key in state["reissued"])
+        self.fresh = deque(tuple(key) for key in state["fresh"])
+        self.reserved = {}
+        for _group_id, epoch, prompt_id, _producer_id, _version in reversed(state["reserved"]):
+            entry = self.entries[(epoch, prompt_id)]
+            entry.status, entry.num_attempts = "pending", entry.num_attempts - 1
+            self.reissued.appendleft((epoch, prompt_id))
+        self.queue = deque(QueuedGroup(epoch, g, g.oldest_policy_version) for epoch, g in state["queue"])
+        self.unacked = {}
+        for batch in sorted(state["unacked"], key=lambda b: b["batch_id"], reverse=True):
+            for group, epoch in zip(reversed(batch["groups"]), reversed(batch["epochs"]), strict=True):
+                entry = self.entries[(epoch, group.prompt_id)]
+                entry.status, entry.batch_id = "queued", -1
+                self.queue.appendleft(QueuedGroup(epoch, group, group.oldest_policy_version))
+        self.acked_batch_ids = set(state["acked_batch_ids"])
+        self.num_unacked_groups = 0
+        self.num_unfinished = sum(e.status not in TERMINAL for e in self.entries.values())
+        self.events = [dict(event) for event in state["events"]]
+        self.counters = Counter(state["counters"])
+        self.trained_staleness = Counter({int(s): n for s, n in state["trained_staleness"].items()})
+
+
+def _parse_group_id(group_id: str) -> tuple[Key, int]:
+    """`{prompt_id}#{epoch}.{attempt}` (as made by `reserve`) -> ((epoch, prompt_id), attempt)."""
+    prompt_id, _, rest = group_id.rpartition("#")
+    epoch, _, attempt = rest.partition(".")
+    if not (prompt_id and epoch.isdigit() and attempt.isdigit()):
+        raise ValueError(f"group_id {group_id!r} was not handed out by this buffer (expected prompt_id#epoch.attempt)")
+    return (int(epoch), prompt_id), int(attempt)
+
+
+COUNTER_NAMES = (
+    "num_prompts_added", "num_reserved", "num_cancelled", "num_put_kept", "num_put_zero_variance",
+    "num_put_stale", "num_put_rollout_error", "num_put_superseded", "num_evicted_stale", "num_reissued",
+    "num_dropped", "num_batches", "num_short_batches", "num_trained", "num_nacked",
+)
