@@ -31,6 +31,7 @@ from rlactors.types import Group, PromptRequest
 
 Key = tuple[int, str]  # (epoch, prompt_id)
 TERMINAL = ("trained", "dropped")
+PUT_OUTCOMES = ("kept", "zero_variance", "stale", "rollout_error", "superseded")
 
 
 class DynamicSamplingExhausted(RuntimeError):
@@ -239,7 +240,7 @@ class BufferCore:
                 result["kept"] += 1
         for name, count in result.items():
             self.counters[f"num_put_{name}"] += count
-        return dict(result)
+        return {name: result[name] for name in PUT_OUTCOMES}
 
     def _is_superseded(self, group_id: str) -> bool:
         if group_id in self.reserved:
