@@ -146,6 +146,7 @@ class OptimConfig(_Section):
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Cosine floor as a fraction of the peak lr.")
     total_steps: int = Field(1000, ge=1, description="Optimizer steps the schedule spans.")
     grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
+    eps: float = Field(1e-8, gt=0, description="AdamW epsilon (added to the root of the second moment).")
 
 
 class TrainerConfig(_Section):

@@ -52,14 +52,16 @@ def load_role_model(path: str, role: str, seed: int) -> torch.nn.Module:
     token-classification head (`AutoModelForTokenClassification`, num_labels=1), randomly
     initialised from `seed`, dropout off so forward passes are deterministic.
     """
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
     if role not in ROLES:
         raise ValueError(f"trainer role {role!r}: allowed values are {ROLES}")
     torch.manual_seed(seed)
     kwargs = dict(dtype=torch.float32, local_files_only=True)
     if role == "critic":
-        return AutoModelForTokenClassification.from_pretrained(path, num_labels=1, classifier_dropout=0.0, **kwargs)
+        config = AutoConfig.from_pretrained(path, num_labels=1, local_files_only=True)
+        config.classifier_dropout = 0.0
+        return AutoModelForTokenClassification.from_pretrained(path, config=config, **kwargs)
     return AutoModelForCausalLM.from_pretrained(path, **kwargs)
 
 

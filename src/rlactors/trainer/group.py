@@ -40,10 +40,15 @@ class TrainerGroup:
         options = dict(num_cpus=trainer.num_cpus_per_worker, num_gpus=1 if use_gpu else 0)
         self.workers = [ray.remote(TrainerWorker).options(**options).remote(rank, self.num_workers, trainer.num_cpus_per_worker)
                         for rank in range(self.num_workers)]
-        master_addr, master_port = ray.get(self.workers[0].master_address.remote())
-        # All ranks must enter setup together: init_process_group blocks until every rank joined.
-        self.info = ray.get([w.setup.remote(role, str(model_path), master_addr, master_port, trainer, algorithm,
-                                            seed, algorithm.loss_norm_tokens or norm_tokens) for w in self.workers])
+        try:
+            master_addr, master_port = ray.get(self.workers[0].master_address.remote())
+            # All ranks must enter setup together: init_process_group blocks until every rank joined.
+            self.info = ray.get([w.setup.remote(role, str(model_path), master_addr, master_port, trainer, algorithm,
+                                                seed, algorithm.loss_norm_tokens or norm_tokens) for w in self.workers])
+        except Exception:
+            for worker in self.workers:
+                ray.kill(worker)
+            raise
 
     def _plans(self, batch: TrainBatch, num_mini_batches: int) -> list[MiniBatchPlan]:
         return plan_mini_batches(batch.sequence_lengths, batch.response_lengths, num_mini_batches, self.num_workers,

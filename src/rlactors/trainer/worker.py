@@ -88,7 +88,7 @@ class TrainerWorker:
         if trainable:
             optim = trainer.critic_optim if role == "critic" else trainer.optim
             self.optim_config = optim
-            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=optim.lr, betas=optim.betas,
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps,
                                                weight_decay=optim.weight_decay)
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: fsdp.lr_multiplier(
                 step, optim.warmup_steps, optim.total_steps, optim.lr_schedule, optim.min_lr_ratio))

@@ -1,0 +1,98 @@
+"""Trainer groups on real Ray actors and gloo process groups: split invariance, roles, critic."""
+
+import pytest
+import torch
+from trainer_helpers import max_difference, random_batch, random_fields, trainer_config, weights
+
+from rlactors.config import AlgorithmConfig, OptimConfig
+from rlactors.models import load_model
+from rlactors.trainer.batch import plan_mini_batches
+from rlactors.trainer.group import TrainerGroup
+
+# Every loss term on: clip-higher, dual clip, truncated IS, KL loss, entropy bonus.
+ALGORITHM = AlgorithmConfig(clip_ratio_high=0.28, tis_cap=1.5, use_kl_loss=True, kl_loss_coef=0.1, entropy_coef=0.01)
+TEMPERATURE = 0.7
+
+
+def _run_update(model_dir, config, batch, old_logprobs):
+    group = TrainerGroup("actor", model_dir, config, ALGORITHM)
+    try:
+        logprobs = group.compute_logprobs(batch, TEMPERATURE)["logprobs"]
+        if old_logprobs is None:
+            old_logprobs = logprobs
+        torch.testing.assert_close(torch.cat(logprobs), torch.cat(old_logprobs), rtol=0, atol=1e-5)
+        batch.set_field("old_logprobs", old_logprobs)
+        batch.set_field("ref_logprobs", [lp + 0.1 * torch.randn(len(lp), generator=torch.Generator().manual_seed(1))
+                                         for lp in old_logprobs])
+        batch.set_field("rollout_logprobs", [lp - 0.05 for lp in old_logprobs])
+        metrics = group.update_policy(batch, TEMPERATURE)
+        return metrics, weights(group), old_logprobs
+    finally:
+        group.shutdown()
+
+
+def test_update_is_independent_of_ranks_and_micro_batches(ray_session, tiny_model_dir):
+    batch = random_batch(12, seed=1)
+    random_fields(batch, ["advantages"], seed=2)
+    # Adam's first steps are nearly sign(gradient) steps: a gradient element at float32 noise level
+    # (|g| ~ 1e-8 beside a largest |g| ~ 0.1) would move by up to lr whichever way its rounding
+    # went. A larger eps keeps such elements still, so what is compared is the gradient itself.
+    optim = OptimConfig(lr=2e-3, eps=1e-5, grad_clip=0.5)
+    settings = dict(num_mini_batches=2, num_epochs=2, optim=optim)
+    small = 16  # tokens: one or two sequences per micro-batch
+    plans = plan_mini_batches(batch.sequence_lengths, batch.response_lengths, 2, 1, small)
+    assert all(len(plan.micro_batches[0]) >= 4 for plan in plans)
+
+    reference, reference_weights, old_logprobs = _run_update(tiny_model_dir, trainer_config(**settings), batch, None)
+    assert reference["actor/num_optimizer_steps"] == 4 and reference["actor/num_skipped_steps"] == 0
+    assert reference["actor/pg_clipfrac"] > 0  # the second epoch moves off-policy enough to clip
+    for config in (trainer_config(num_workers=2, **settings), trainer_config(max_tokens_per_micro_batch=small, **settings)):
+        metrics, other_weights, _ = _run_update(tiny_model_dir, config, batch, old_logprobs)
+        assert metrics.keys() == reference.keys()
+        for key, value in reference.items():
+            assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+        assert max_difference(other_weights, reference_weights) < 2e-6
+
+
+def test_reference_logprobs_match_a_transformers_forward(ray_session, tiny_model_dir):
+    batch = random_batch(6, seed=3)
+    group = TrainerGroup("reference", tiny_model_dir, trainer_config(num_workers=2))
+    try:
+        out = group.compute_logprobs(batch, temperature=TEMPERATURE, with_entropy=True)
+        with pytest.raises(ValueError, match="update_policy needs a trainer of role actor; this one is 'reference'"):
+            group.update_policy(batch)
+    finally:
+        group.shutdown()
+    model = load_model(tiny_model_dir)
+    for i, (prompt, response) in enumerate(zip(batch.prompt_token_ids, batch.response_token_ids, strict=True)):
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + response])).logits[0] / TEMPERATURE
+        logits = logits[len(prompt) - 1 : len(prompt) - 1 + len(response)]
+        logp = torch.log_softmax(logits, -1)
+        expected = logp.gather(-1, torch.tensor(response, dtype=torch.long).unsqueeze(-1)).squeeze(-1)
+        expected_entropy = -(logp.exp() * logp).sum(-1)
+        assert out["logprobs"][i].shape == (len(response),)
+        torch.testing.assert_close(out["logprobs"][i], expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out["entropy"][i], expected_entropy, rtol=1e-5, atol=1e-5)
+
+
+def test_critic_learns_returns(ray_session, tiny_model_dir):
+    batch = random_batch(8, seed=4)
+    config = trainer_config(critic_optim=OptimConfig(lr=1e-2), num_mini_batches=2)
+    group = TrainerGroup("critic", tiny_model_dir, config, AlgorithmConfig(value_clip=100.0))
+    try:
+        values = group.compute_values(batch)
+        assert [v.shape[0] for v in values] == batch.response_lengths
+        assert all(torch.equal(a, b) for a, b in zip(values, group.compute_values(batch), strict=True))  # no dropout
+        batch.set_field("values", values)
+        batch.set_field("returns", [torch.ones(n) for n in batch.response_lengths])
+        losses = [group.update_critic(batch) for _ in range(6)]
+        assert {"critic/vf_loss", "critic/vf_clipfrac", "critic/grad_norm", "critic/lr"} <= losses[0].keys()
+        assert losses[-1]["critic/vf_loss"] < 0.5 * losses[0]["critic/vf_loss"]
+        error_before = torch.cat([v - 1 for v in values]).abs().mean()
+        error_after = torch.cat([v - 1 for v in group.compute_values(batch)]).abs().mean()
+        assert error_after < 0.5 * error_before
+        with pytest.raises(ValueError, match="compute_logprobs needs a trainer of role actor or reference"):
+            group.compute_logprobs(batch)
+    finally:
+        group.shutdown()

@@ -1,0 +1,45 @@
+"""Helpers of the trainer tests: seeded random batches, weight snapshots, small configs."""
+
+from __future__ import annotations
+
+import ray
+import torch
+
+from rlactors.config import TrainerConfig
+from rlactors.trainer.batch import TrainBatch
+
+
+def random_batch(num_sequences: int, seed: int, group_size: int = 4) -> TrainBatch:
+    """Prompts of 2-7 and responses of 0-11 random token ids (an empty response included)."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def tokens(low, high):
+        length = int(torch.randint(low, high, (1,), generator=generator))
+        return torch.randint(4, 250, (length,), generator=generator).tolist()
+
+    responses = [tokens(1, 12) for _ in range(num_sequences)]
+    responses[1] = []  # a sequence with no response token contributes nothing, and must not break anything
+    return TrainBatch([tokens(2, 8) for _ in range(num_sequences)], responses,
+                      [i // group_size for i in range(num_sequences)])
+
+
+def random_fields(batch: TrainBatch, names: list[str], seed: int, scale: float = 1.0) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    for name in names:
+        batch.set_field(name, [torch.randn(len(r), generator=generator) * scale for r in batch.response_token_ids])
+
+
+def trainer_config(**overrides) -> TrainerConfig:
+    settings = dict(num_workers=1, num_cpus_per_worker=1.0, max_tokens_per_micro_batch=4096)
+    return TrainerConfig(**{**settings, **overrides})
+
+
+def weights(group) -> dict[str, torch.Tensor]:
+    """The group's full weights by Hugging Face name, through `export_weights`."""
+    refs, _ = group.export_weights(bucket_bytes=1 << 16)
+    return {name: tensor for bucket in ray.get(refs) for name, tensor in bucket}
+
+
+def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
