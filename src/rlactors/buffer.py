@@ -17,8 +17,11 @@ Protocol (many concurrent callers; the accounting itself is `rlactors.buffer_cor
 Staleness: a group trained at trainer version v has v - oldest_policy_version <= max_staleness.
 Groups that exceed it while queued are evicted and their prompts re-issued (first in line for
 `reserve`) or dropped (`on_stale`); either way the event is logged with the prompt_id.
-Backpressure: reserved + queued groups <= floor((1 + staleness_threshold) x batch_size_prompts x
-trigger_parameter_sync_step); a rejected or evicted group frees its slot.
+Backpressure: groups not yet trained (reserved, queued, or sampled and unacked) stay within
+floor((1 + staleness_threshold) x batch_size_prompts x trigger_parameter_sync_step); a rejected or
+evicted group frees its slot. With staleness_threshold 0 and trigger_parameter_sync_step 1 the
+trainer must ack a batch before the next can be generated (synchronous); 1.0 lets the producers
+generate the next batch while the trainer trains (one version off-policy).
 Exactly once: per (epoch, prompt_id) the ledger ends "trained" (recorded at ack, never at sample)
 or "dropped" with a reason ("zero_variance", "stale (...)", "rollout_error: ...").
 
@@ -46,7 +49,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import ray
 
-from rlactors.buffer_core import BufferCore, SampledBatch, capacity_groups
+from rlactors.buffer_core import BufferCore
+from rlactors.buffer_records import SampledBatch, capacity_groups
 from rlactors.config import BufferConfig
 from rlactors.types import Group, PromptRequest, Sample
 
@@ -80,7 +84,8 @@ class ReplayBuffer:
         )
 
     async def put(self, groups: list[Group | ray.ObjectRef]) -> dict[str, int]:
-        """Returns counts: kept, zero_variance, stale, rollout_error, duplicate."""
+        """Returns counts per outcome: kept, zero_variance, stale, rollout_error, superseded (a
+        group_id no longer reserved: a retried call, or a cancelled reservation; ignored)."""
         refs = [(i, g) for i, g in enumerate(groups) if isinstance(g, ray.ObjectRef)]
         if refs:  # take a copy now: the ref's owner (a producer) may die later
             groups = list(groups)

@@ -22,86 +22,24 @@ Invariants (checked by tests/test_buffer_properties.py):
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections import Counter, deque
-from dataclasses import dataclass, field
 from typing import Literal
 
+from rlactors.buffer_records import (
+    PUT_OUTCOMES,
+    TERMINAL,
+    DynamicSamplingExhausted,
+    Key,
+    LedgerEntry,
+    QueuedGroup,
+    Reservation,
+    SampledBatch,
+    group_metric_values,
+    has_zero_variance,
+    oldest_policy_version,
+    parse_group_id,
+)
 from rlactors.types import Group, PromptRequest
-
-Key = tuple[int, str]  # (epoch, prompt_id)
-TERMINAL = ("trained", "dropped")
-PUT_OUTCOMES = ("kept", "zero_variance", "stale", "rollout_error", "superseded")
-
-
-class DynamicSamplingExhausted(RuntimeError):
-    """Dynamic sampling spent its generation rounds without keeping a single group."""
-
-
-@dataclass
-class LedgerEntry:
-    """What happened to one prompt in one epoch; queryable and saved in the checkpoint."""
-
-    epoch: int
-    prompt_id: str
-    status: str = "pending"  # pending | reserved | queued | sampled | trained | dropped
-    group_id: str = ""  # the latest attempt
-    num_attempts: int = 0  # reservations handed out for this prompt
-    num_evictions: int = 0  # times its group went stale before being trained
-    reason: str = ""  # why it was dropped
-    batch_id: int = -1  # batch that trained it
-    policy_version: int = -1  # trainer version it was trained at
-    staleness: int = -1  # policy_version - the group's oldest version
-
-
-@dataclass
-class Reservation:
-    key: Key
-    producer_id: str
-    policy_version: int  # trainer version when it was handed out
-
-
-@dataclass
-class QueuedGroup:
-    epoch: int
-    group: Group
-    oldest_policy_version: int
-
-
-@dataclass
-class SampledBatch:
-    """Groups to train at `policy_version`; ack `batch_id` after the optimizer step.
-    An empty batch means the buffer is closed and nothing is left to train."""
-
-    batch_id: int
-    policy_version: int
-    groups: list[Group]
-    staleness: list[int] = field(default_factory=list)  # per group
-    epochs: list[int] = field(default_factory=list)  # per group: the epoch whose prompt it answers
-
-
-def capacity_groups(batch_size_prompts: int, trigger_parameter_sync_step: int, staleness_threshold: float) -> int:
-    """Most groups reserved or queued at once: (1 + threshold) x groups per weight sync (veRL's rule)."""
-    return math.floor((1.0 + staleness_threshold) * batch_size_prompts * trigger_parameter_sync_step)
-
-
-def group_metric_values(group: Group, metric: Literal["score", "acc"]) -> list[float]:
-    """The per-sample values dynamic sampling looks at; a missing one is an error naming the sample."""
-    values = []
-    for sample in group.samples:
-        value = sample.score if metric == "score" else sample.score_details.get("acc")
-        if value is None:
-            raise ValueError(
-                f"prompt_id {group.prompt_id!r} group_id {group.group_id!r} sample {sample.sample_index}: "
-                f"no {metric!r} to filter on (dynamic sampling needs scored groups)"
-            )
-        values.append(float(value))
-    return values
-
-
-def has_zero_variance(values: list[float]) -> bool:
-    """DAPO's filter: a group of two or more whose values are all equal gives no GRPO signal."""
-    return len(values) > 1 and max(values) == min(values)
 
 
 class BufferCore:
@@ -214,7 +152,7 @@ class BufferCore:
         fresh: dict[str, Group] = {}
         for index, group in enumerate(groups):
             if group.group_id in fresh or self._is_superseded(group.group_id):
-                key = _parse_group_id(group.group_id)[0]
+                key = parse_group_id(group.group_id)[0]
                 self._event("put_superseded", key, group.group_id)
                 continue
             self._check_group(group, index)
@@ -224,7 +162,7 @@ class BufferCore:
             key = self.reserved.pop(group.group_id).key
             self.num_put_since_batch += 1
             errors = [s.error for s in group.samples if s.error]
-            oldest = group.oldest_policy_version
+            oldest = oldest_policy_version(group)
             if errors:
                 self._drop(key, f"rollout_error: {errors[0]}")
                 result["rollout_error"] += 1
@@ -245,7 +183,7 @@ class BufferCore:
     def _is_superseded(self, group_id: str) -> bool:
         if group_id in self.reserved:
             return False
-        key, attempt = _parse_group_id(group_id)
+        key, attempt = parse_group_id(group_id)
         return key in self.entries and attempt < self.entries[key].num_attempts
 
     def _check_group(self, group: Group, index: int) -> None:
@@ -260,7 +198,7 @@ class BufferCore:
         for sample in group.samples:
             if not sample.error and not sample.token_policy_versions:
                 raise ValueError(f"{where} sample {sample.sample_index}: empty token_policy_versions")
-        if group.oldest_policy_version is None:
+        if oldest_policy_version(group) is None:
             raise ValueError(f"{where}: no sample carries a policy version")
         if self.dynamic_sampling and not any(s.error for s in group.samples):
             group_metric_values(group, self.dynamic_sampling_metric)  # raises naming the sample
@@ -336,10 +274,10 @@ class BufferCore:
         batch = self.unacked.pop(batch_id, None)
         if batch is None:
             raise ValueError(f"batch_id {batch_id} is not waiting for an ack")
-        for group, epoch in zip(reversed(batch.groups), reversed(batch.epochs), strict=True):
+        for group, epoch, staleness in zip(*(reversed(x) for x in (batch.groups, batch.epochs, batch.staleness)), strict=True):
             entry = self.entries[(epoch, group.prompt_id)]
             entry.status, entry.batch_id = "queued", -1
-            self.queue.appendleft(QueuedGroup(epoch, group, group.oldest_policy_version))
+            self.queue.appendleft(QueuedGroup(epoch, group, batch.policy_version - staleness))
         self.num_unacked_groups -= len(batch.groups)
         self.counters["num_nacked"] += len(batch.groups)
 
@@ -462,15 +400,6 @@ class BufferCore:
         self.events = [dict(event) for event in state["events"]]
         self.counters = Counter(state["counters"])
         self.trained_staleness = Counter({int(s): n for s, n in state["trained_staleness"].items()})
-
-
-def _parse_group_id(group_id: str) -> tuple[Key, int]:
-    """`{prompt_id}#{epoch}.{attempt}` (as made by `reserve`) -> ((epoch, prompt_id), attempt)."""
-    prompt_id, _, rest = group_id.rpartition("#")
-    epoch, _, attempt = rest.partition(".")
-    if not (prompt_id and epoch.isdigit() and attempt.isdigit()):
-        raise ValueError(f"group_id {group_id!r} was not handed out by this buffer (expected prompt_id#epoch.attempt)")
-    return (int(epoch), prompt_id), int(attempt)
 
 
 COUNTER_NAMES = (
