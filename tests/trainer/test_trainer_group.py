@@ -59,6 +59,9 @@ def test_reference_logprobs_match_a_transformers_forward(ray_session, tiny_model
     group = TrainerGroup("reference", tiny_model_dir, trainer_config(num_workers=2))
     try:
         out = group.compute_logprobs(batch, temperature=TEMPERATURE, with_entropy=True)
+        # One sequence for two ranks: rank 1 runs a filler forward and returns nothing.
+        single = group.compute_logprobs(batch.select([0]), temperature=TEMPERATURE)["logprobs"]
+        torch.testing.assert_close(single[0], out["logprobs"][0], rtol=1e-5, atol=1e-6)
         with pytest.raises(ValueError, match="update_policy needs a trainer of role actor; this one is 'reference'"):
             group.update_policy(batch)
     finally:

@@ -74,7 +74,6 @@ def shard_model(model: torch.nn.Module, mesh: DeviceMesh, gradient_checkpointing
         raise ValueError(f"{type(model).__name__}: no decoder layers at base_model.layers to shard")
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.config.use_cache = False
     if mesh.device_type == "cuda":
         model.to(torch.device("cuda", torch.cuda.current_device()))
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)

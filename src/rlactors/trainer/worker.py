@@ -55,6 +55,9 @@ from rlactors.trainer.batch import (
     unpad_rows,
 )
 
+# Metrics that are token means: ranks return token-weighted sums, divided by the mini-batch's tokens.
+TOKEN_MEAN_METRICS = frozenset({"ppo_kl", "pg_clipfrac", "pg_clipfrac_lower", "entropy", "vf_clipfrac"})
+
 
 class TrainerWorker:
     """One rank; `TrainerGroup` runs it as `ray.remote(TrainerWorker)` (a plain class here, so Ray
@@ -338,5 +341,3 @@ class TrainerWorker:
         if dist.is_initialized():
             dist.destroy_process_group()
 
-
-TOKEN_MEAN_METRICS = frozenset({"ppo_kl", "pg_clipfrac", "pg_clipfrac_lower", "entropy", "vf_clipfrac"})
