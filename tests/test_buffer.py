@@ -190,7 +190,8 @@ def test_closing_delivers_the_remainder_then_empty_batches():
     assert [g.prompt_id for g in last.groups] == ["p2"]
     assert not core.is_done() and core.reserve(4) == []
     core.ack(last.batch_id)
-    assert core.is_done() and core.sample(2, 0).groups == []
+    empty = core.sample(2, 0)
+    assert core.is_done() and (empty.batch_id, empty.groups) == (-1, []) and not core.unacked
 
 
 def test_one_prompt_id_in_two_epochs_is_two_ledger_entries():

@@ -223,6 +223,6 @@ class BufferMachine(RuleBasedStateMachine):
 
 
 BufferMachine.TestCase.settings = settings(
-    max_examples=int(os.environ.get("BUFFER_EXAMPLES", 150)), stateful_step_count=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=int(os.environ.get("BUFFER_EXAMPLES", 100)), stateful_step_count=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 TestBufferProperties = BufferMachine.TestCase

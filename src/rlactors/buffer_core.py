@@ -235,6 +235,8 @@ class BufferCore:
             self.counters["num_short_batches"] += 1
         if count is None:
             return None
+        if count == 0:
+            return SampledBatch(-1, current_version, [])  # closed and drained; needs no ack
         items = [self.queue.popleft() for _ in range(count)]
         batch = SampledBatch(
             self.next_batch_id, current_version, [item.group for item in items],

@@ -52,7 +52,7 @@ class QueuedGroup:
 @dataclass
 class SampledBatch:
     """Groups to train at `policy_version`; ack `batch_id` after the optimizer step.
-    An empty batch means the buffer is closed and nothing is left to train."""
+    An empty batch (batch_id -1, not to be acked) means the buffer is closed and nothing is left."""
 
     batch_id: int
     policy_version: int
