@@ -89,11 +89,13 @@ class BufferCore:
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
         keys = [(epoch, r.prompt_id) for r in requests]
+        seen: set[Key] = set()
         for index, (request, key) in enumerate(zip(requests, keys, strict=True)):
             if not isinstance(request.prompt_id, str) or not request.prompt_id:
                 raise ValueError(f"request {index}: prompt_id must be a non-empty string, got {request.prompt_id!r}")
-            if key in self.entries or keys.index(key) != index:
+            if key in self.entries or key in seen:
                 raise ValueError(f"prompt_id {request.prompt_id!r} added twice in epoch {epoch}")
+            seen.add(key)
         for request, key in zip(requests, keys, strict=True):
             self.entries[key] = LedgerEntry(epoch, request.prompt_id)
             self.requests[key] = request
