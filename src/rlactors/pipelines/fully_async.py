@@ -1,0 +1,119 @@
+"""Fully-async driver: the rollout side generates continuously into the replay buffer while the
+trainer consumes batches as soon as they are ready, on separate devices.
+
+Staleness is bounded twice. The producer generates at most `capacity_groups` (= (1 +
+staleness_threshold) x batch_size_prompts x trigger_parameter_sync_step) groups per published
+policy version, as veRL's rollouter does; and the buffer never hands out a group older than
+`max_staleness` versions (stale ones are evicted and their prompts re-issued, or dropped).
+Weights are published every `trigger_parameter_sync_step` updates; with `rollout.partial_rollout`
+the engines interrupt in-flight responses at the sync and continue them with the new weights.
+With max_staleness=0, staleness_threshold=0 and trigger 1 this trains exactly like colocated.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import ray
+
+from rlactors.buffer_records import capacity_groups
+from rlactors.config import Config
+from rlactors.pipelines.common import (
+    Run,
+    begin,
+    build_run,
+    end_step,
+    feed_prompts,
+    finish,
+    prepare_batch,
+    produce,
+    sync_weights,
+    update,
+)
+
+
+class Producer(threading.Thread):
+    """Driver-side rollout loop: reserve -> generate -> score -> put, at most `quota` groups per
+    published policy version. Errors are kept in `error` for the trainer loop to raise."""
+
+    def __init__(self, run: Run):
+        super().__init__(name="rollout-producer", daemon=True)
+        pipeline = run.config.pipeline
+        self.run_state = run
+        self.batch_size = pipeline.batch_size_prompts
+        self.quota = capacity_groups(pipeline.batch_size_prompts, pipeline.trigger_parameter_sync_step,
+                                     run.config.buffer.staleness_threshold)
+        self.published = threading.Condition()
+        self.published_version = run.policy_version
+        self.stopping = threading.Event()
+        self.error: BaseException | None = None
+
+    def on_published(self, policy_version: int) -> None:
+        """Called by the trainer loop once the engines hold `policy_version`."""
+        with self.published:
+            self.published_version = policy_version
+            self.published.notify_all()
+
+    def run(self) -> None:
+        run, version, produced = self.run_state, self.published_version, 0
+        try:
+            while not self.stopping.is_set():
+                with self.published:
+                    if self.published_version != version:
+                        version, produced = self.published_version, 0
+                    if produced >= self.quota:
+                        self.published.wait(timeout=0.5)
+                        continue
+                pending = ray.get(run.buffer.metrics.remote())["num_pending"]
+                if pending < self.batch_size:
+                    feed_prompts(run, self.batch_size - pending)
+                try:
+                    produced += produce(run, min(self.batch_size, self.quota - produced), "producer", timeout_s=0.5)
+                except TimeoutError:
+                    continue  # backpressure: the buffer is full; look at `stopping` and try again
+        except BaseException as error:  # noqa: BLE001 - surfaced by the trainer loop
+            self.error = error
+
+
+def next_batch(run: Run, producer: Producer):
+    """Wait for a full batch, watching the producer's health."""
+    while True:
+        if producer.error is not None:
+            raise RuntimeError("the rollout producer failed") from producer.error
+        try:
+            return ray.get(run.buffer.sample.remote(run.config.pipeline.batch_size_prompts, run.policy_version, 1.0))
+        except TimeoutError:
+            continue
+
+
+def run_fully_async(config: Config, model_path: str | None = None) -> list[dict]:
+    """Train `config.pipeline.num_steps` steps; returns the per-step metrics (also in metrics.jsonl)."""
+    run = build_run(config, model_path)
+    history = []
+    producer = Producer(run)
+    try:
+        logger = begin(run, history)
+        producer.on_published(run.policy_version)
+        producer.start()
+        while run.step < config.pipeline.num_steps:
+            start = time.perf_counter()
+            sampled = next_batch(run, producer)
+            waited = time.perf_counter()
+            batch, metrics = prepare_batch(run, sampled.groups)
+            metrics |= update(run, batch)
+            ray.get(run.buffer.ack.remote(sampled.batch_id))
+            updated = time.perf_counter()
+            if (run.step + 1) % config.pipeline.trigger_parameter_sync_step == 0:
+                metrics |= sync_weights(run)
+                producer.on_published(run.policy_version)
+            timings = {"step": time.perf_counter() - start, "gen": waited - start, "update": updated - waited}
+            history.append(end_step(run, logger, sampled, metrics, timings))
+        producer.stopping.set()
+        finish(run, logger)
+    finally:
+        producer.stopping.set()
+        if producer.is_alive():
+            producer.join(timeout=120)
+        run.shutdown()
+    return history
