@@ -49,6 +49,12 @@ def test_train_batch_from_groups_names_bad_samples():
         train_batch_from_groups([failed])
 
 
+def test_a_scoring_failure_trains_with_its_zero_score():
+    group = _group("p10", [[1, 2], [3]])
+    group.samples[1].score, group.samples[1].score_error = 0.0, "prompt_id=p10 sample_index=1: ValueError: bad"
+    assert train_batch_from_groups([group]).scores == [1.0, 0.0]
+
+
 def test_fields_are_checked_and_padding_round_trips():
     batch = TrainBatch([[1], [2, 3]], [[4, 5, 6], [7]], [0, 1], prompt_ids=["x", "y"])
     with pytest.raises(ValueError, match="'advantages'.*prompt_id 'y'.*expected \\(1,\\)"):

@@ -126,7 +126,7 @@ def train_batch_from_groups(groups: list[Group]) -> TrainBatch:
     """Flatten groups into a `TrainBatch`, group by group, sample by sample.
 
     Group ids are 0..len(groups)-1 in order. The rollout engine's logprobs become the
-    `rollout_logprobs` field. A sample that failed (rollout or scoring error, no score) or whose
+    `rollout_logprobs` field. A sample that failed in rollout, has no score, or whose
     logprobs do not match its response is an error naming it: nothing is dropped silently.
     """
     batch = dict(prompt_token_ids=[], response_token_ids=[], group_ids=[], prompt_ids=[], sample_indices=[],
@@ -135,8 +135,10 @@ def train_batch_from_groups(groups: list[Group]) -> TrainBatch:
     for group_id, group in enumerate(groups):
         for sample in group.samples:
             name = f"group {group.group_id!r} prompt_id {sample.prompt_id!r} sample_index {sample.sample_index}"
-            if sample.error is not None or sample.score_error is not None:
-                raise ValueError(f"{name}: failed sample cannot be trained ({sample.error or sample.score_error})")
+            # A scoring failure already gave the sample score 0 (recorded in score_error and the
+            # reward metrics), so it trains like any other; a rollout failure has no response to train.
+            if sample.error is not None:
+                raise ValueError(f"{name}: failed sample cannot be trained ({sample.error})")
             if sample.score is None:
                 raise ValueError(f"{name}: no score (score the group before training it)")
             if len(sample.response_logprobs) != len(sample.response_token_ids):
