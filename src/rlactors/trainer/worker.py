@@ -95,7 +95,7 @@ class TrainerWorker:
                                                weight_decay=optim.weight_decay)
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: fsdp.lr_multiplier(
                 step, optim.warmup_steps, optim.total_steps, optim.lr_schedule, optim.min_lr_ratio))
-        torch.manual_seed(seed + self.rank)
+        torch.manual_seed(seed + self.rank)  # per-rank stream for anything random in training (saved in checkpoints)
         return {"rank": self.rank, "device": str(self.device), "num_parameters": sum(
             p.numel() for p in self.model.parameters())}
 
@@ -111,9 +111,10 @@ class TrainerWorker:
         for indices in plan.micro_batches[0]:
             micro = build_micro_batch(batch, indices, pad_token_id=self.pad_token_id).to(self.device)
             logits = fsdp.response_logits(self.model, micro, temperature)
-            logp = unpad_rows(logprobs_from_logits(logits, micro.labels), micro)
-            entropy = unpad_rows(chunked_entropy_from_logits(logits), micro) if with_entropy else [None] * len(logp)
-            out += [(i, lp, ent if ent is None else ent[1]) for (i, lp), ent in zip(logp, entropy, strict=True)]
+            rows = unpad_rows(logprobs_from_logits(logits, micro.labels), micro)
+            entropies = [e for _, e in unpad_rows(chunked_entropy_from_logits(logits), micro)] if with_entropy \
+                else [None] * len(rows)
+            out += [(i, logp, entropy) for (i, logp), entropy in zip(rows, entropies, strict=True)]
         return out
 
     @torch.no_grad()
