@@ -144,6 +144,7 @@ class RolloutEngine:
         self.policy_version = policy_version
         self.asleep = False
         self.weights_mixed = False  # a failed update left some tensors new, some old
+        self.num_interrupted = 0  # responses cut by a weight update or sleep, then resumed or requeued
         self.llm = None
         self.vocab_size = 0
         self._start_lock = asyncio.Lock()
@@ -176,6 +177,7 @@ class RolloutEngine:
             "asleep": self.asleep,
             "weights_mixed": self.weights_mixed,
             "num_in_flight_samples": len(self._in_flight),
+            "num_interrupted": self.num_interrupted,
             "platform": self.platform,
             "pid": os.getpid(),
         }
@@ -281,6 +283,7 @@ class RolloutEngine:
             logprobs = [position[token].logprob for position, token in zip(completion.logprobs or [], token_ids, strict=True)]
             versions = versions_per_token(completion.weight_versions, len(token_ids), self.policy_version)
             interrupted = completion.finish_reason == "abort" and request.group_id not in self._user_aborted
+            self.num_interrupted += interrupted
             if interrupted and self.config.on_abort == "requeue":
                 sample.response_token_ids, sample.response_logprobs, sample.token_policy_versions = [], [], []
                 texts = []

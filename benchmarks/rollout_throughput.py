@@ -1,0 +1,153 @@
+"""Rollout throughput: the RolloutEngine actor vs raw `vllm.LLM.generate`, and weight-sync speed.
+
+Both sides run the same model with the same engine arguments (`engine_kwargs`) on identical
+prompts and sampling settings: by default 32 prompts x n=8 x 64 new tokens (ignore_eos, so every
+sample has exactly 64), temperature 1, the sampled token's logprob returned. Raw vLLM gets `n=8`
+in one call; the actor gets the batch through its streaming `generate` (8 requests per prompt)
+and the driver collects every Group. Each side is warmed up with one full batch first, then timed
+`--repeats` times; the best run is reported (the machine is shared, the best run is the least
+disturbed). The phases run one after the other and the raw engine lives in its own process, so
+two engines never compete for the cores.
+
+Weight sync: the model's full state_dict goes to the actor as object-ref buckets
+(`trainer.export_bucket_bytes`), timed by the actor (`weight_sync_s`: fetch, transfer to the
+engine process, layerwise reload); `memcpy_ratio` is weight_sync_s over the time of one plain
+in-process copy of the same bytes.
+
+    .venv/bin/python benchmarks/rollout_throughput.py [--preset small] [--num-prompts 32]
+
+Prints one final JSON line with tokens_per_s, raw_tokens_per_s, ratio, weight_sync_s,
+weight_bytes and memcpy_ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import tempfile
+import time
+
+from rlactors.config import RolloutConfig, SamplingConfig, TrainerConfig
+from rlactors.device import detect_platform, engine_env
+from rlactors.models import build_tiny_model
+from rlactors.types import PromptRequest
+
+
+def make_prompts(num_prompts: int) -> list[list[int]]:
+    """Deterministic prompts of 12-27 tokens drawn from the byte tokens (ids 4-259)."""
+    return [[4 + (7 * i + 13 * j) % 256 for j in range(12 + i % 16)] for i in range(num_prompts)]
+
+
+def raw_vllm_phase(model_path: str, config: RolloutConfig, sampling: SamplingConfig, prompts, repeats, queue):
+    """Runs in its own process: vllm.LLM on the same engine arguments as the actor."""
+    platform = detect_platform()
+    os.environ.update(engine_env(platform, config.use_aiter, config.cpu_kv_cache_bytes))
+    from vllm import LLM, SamplingParams
+
+    from rlactors.rollout.engine import engine_kwargs
+
+    llm = LLM(**engine_kwargs(model_path, config, platform, dtype_for(platform), seed=0))
+    params = SamplingParams(n=sampling.num_samples_per_prompt, temperature=sampling.temperature,
+                            max_tokens=sampling.max_response_tokens, ignore_eos=True, logprobs=0)
+    inputs = [{"prompt_token_ids": p} for p in prompts]
+    times = []
+    for run in range(repeats + 1):  # run 0 is the warm-up
+        start = time.perf_counter()
+        outputs = llm.generate(inputs, params, use_tqdm=False)
+        elapsed = time.perf_counter() - start
+        num_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+        if run:
+            times.append(elapsed)
+    queue.put({"num_tokens": num_tokens, "best_s": min(times)})
+
+
+def dtype_for(platform: str) -> str:
+    return "float32" if platform == "cpu" else "bfloat16"
+
+
+def actor_phase(model_path: str, config: RolloutConfig, sampling: SamplingConfig, prompts, repeats,
+                bucket_bytes: int) -> dict:
+    import ray
+    import torch
+
+    from rlactors.models import load_model
+    from rlactors.rollout.engine import create_engine
+    from rlactors.rollout.weights import split_into_buckets
+
+    ray.init(num_cpus=int(config.num_cpus_per_engine), include_dashboard=False, log_to_driver=False)
+    engine = create_engine(model_path, config)
+    ray.get(engine.ready.remote())
+    requests = [PromptRequest(f"p{i}", p) for i, p in enumerate(prompts)]
+    times = []
+    for run in range(repeats + 1):  # run 0 is the warm-up
+        start = time.perf_counter()
+        groups = [ray.get(ref) for ref in engine.generate.remote(requests, sampling)]
+        elapsed = time.perf_counter() - start
+        num_tokens = sum(s.num_response_tokens for g in groups for s in g.samples)
+        if run:
+            times.append(elapsed)
+
+    state = list(load_model(model_path).state_dict().items())
+    refs = [ray.put(bucket) for bucket in split_into_buckets(state, bucket_bytes)]
+    syncs = [ray.get(engine.update_weights.remote(refs, version)) for version in range(1, repeats + 2)]
+    best_sync = min(syncs[1:], key=lambda s: s["weight_sync_s"])  # the first is a warm-up
+    targets = [torch.empty_like(t) for _, t in state]
+    copy_times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        for target, (_, tensor) in zip(targets, state, strict=True):
+            target.copy_(tensor)
+        copy_times.append(time.perf_counter() - start)
+    ray.shutdown()
+    return {"num_tokens": num_tokens, "best_s": min(times), "sync": best_sync, "memcpy_s": min(copy_times)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", default="small", choices=["tiny", "small"])
+    parser.add_argument("--num-prompts", type=int, default=32)
+    parser.add_argument("--num-samples", type=int, default=8)
+    parser.add_argument("--num-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--num-cpus", type=int, default=2, help="CPUs given to the engine actor")
+    args = parser.parse_args()
+
+    model_path = str(build_tiny_model(tempfile.mkdtemp() + "/model", preset=args.preset, seed=0))
+    config = RolloutConfig(num_cpus_per_engine=args.num_cpus, max_model_len=256)
+    sampling = SamplingConfig(num_samples_per_prompt=args.num_samples, temperature=1.0,
+                              max_response_tokens=args.num_tokens, ignore_eos=True)
+    prompts = make_prompts(args.num_prompts)
+
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(target=raw_vllm_phase, args=(model_path, config, sampling, prompts, args.repeats, queue))
+    process.start()
+    raw = queue.get()
+    process.join()
+
+    actor = actor_phase(model_path, config, sampling, prompts, args.repeats, TrainerConfig().export_bucket_bytes)
+    expected_tokens = args.num_prompts * args.num_samples * args.num_tokens
+    assert raw["num_tokens"] == actor["num_tokens"] == expected_tokens, (raw, actor, expected_tokens)
+    tokens_per_s = actor["num_tokens"] / actor["best_s"]
+    raw_tokens_per_s = raw["num_tokens"] / raw["best_s"]
+    sync = actor["sync"]
+    print(f"raw vLLM: {raw_tokens_per_s:.0f} tokens/s; actor: {tokens_per_s:.0f} tokens/s; "
+          f"weight sync: {sync['weight_bytes']} bytes in {sync['weight_sync_s']:.4f} s "
+          f"({sync['bytes_per_s'] / 1e6:.0f} MB/s), plain copy {actor['memcpy_s']:.4f} s")
+    print(json.dumps({
+        "tokens_per_s": round(tokens_per_s, 1),
+        "raw_tokens_per_s": round(raw_tokens_per_s, 1),
+        "ratio": round(tokens_per_s / raw_tokens_per_s, 4),
+        "weight_sync_s": round(sync["weight_sync_s"], 5),
+        "weight_bytes": sync["weight_bytes"],
+        "bytes_per_s": round(sync["bytes_per_s"], 1),
+        "memcpy_ratio": round(sync["weight_sync_s"] / actor["memcpy_s"], 2),
+        "num_tokens": actor["num_tokens"],
+        "preset": args.preset,
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""Helpers shared by the rollout tests: transformers references and weight perturbation."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from rlactors.types import PromptRequest
+
+
+def prompts(tokenizer, texts, prefix="p"):
+    return [PromptRequest(f"{prefix}{i}", tokenizer.encode(text)) for i, text in enumerate(texts)]
+
+
+def collect(engine, requests, sampling=None):
+    import ray
+
+    return [ray.get(ref) for ref in engine.generate.remote(requests, sampling)]
+
+
+def reference_logprobs(model, prompt_ids, response_ids, temperature):
+    """log_softmax(logits / temperature) of each response token under the transformers forward."""
+    ids = torch.tensor([prompt_ids + response_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt_ids) - 1 : -1].double()
+    logprobs = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
+    return logprobs.gather(-1, torch.tensor(response_ids)[:, None])[:, 0]
+
+
+def reference_greedy(model, prompt_ids, num_tokens):
+    """Argmax decoding with transformers, EOS included like vLLM's ignore_eos (no EOS masking)."""
+    ids = list(prompt_ids)
+    with torch.no_grad():
+        for _ in range(num_tokens):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt_ids):]
+
+
+def perturb_and_send(engine, model, policy_version, seed):
+    """Add noise to the transformers weights and send them to the engine as two object-ref buckets."""
+    import ray
+
+    from rlactors.rollout.weights import split_into_buckets
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    state = list(model.state_dict().items())
+    total_bytes = sum(t.numel() * t.element_size() for _, t in state)
+    buckets = split_into_buckets(state, bucket_bytes=total_bytes // 2 + 1)
+    assert len(buckets) >= 2
+    refs = [ray.put(b) for b in buckets]
+    stats = engine.update_weights(refs, policy_version) if hasattr(engine, "engines") else ray.get(
+        engine.update_weights.remote(refs, policy_version))
+    return stats, total_bytes
+
+
+def wait_until_generating(engine):
+    import ray
+
+    for _ in range(600):
+        if ray.get(engine.health.remote())["num_in_flight_samples"] > 0:
+            return
+        time.sleep(0.05)
+    raise AssertionError("engine never reported in-flight samples")
