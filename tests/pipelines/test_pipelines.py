@@ -2,11 +2,16 @@
 FSDP2, reward actors, buffer). Each run starts its own engine (~35 s on 2 cores)."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from rlactors.config import load_config
+from rlactors.config import dump_config, load_config
 from rlactors.pipelines import run_pipeline
 
 pytestmark = pytest.mark.vllm
@@ -63,11 +68,58 @@ def test_async_with_staleness_and_partial_rollouts_keeps_the_bound(ray_session, 
     assert max(h["staleness/max"] for h in history[1:]) <= 1
 
 
-def test_resume_reproduces_the_next_step(ray_session, tmp_path, tiny_model_dir):
+def test_resume_after_killing_the_driver_reproduces_the_next_step(ray_session, tmp_path, tiny_model_dir):
+    """Kill the driver (SIGKILL) right after checkpoint 2; the resumed run's step 3 equals an
+    uninterrupted run's step 3."""
     uninterrupted = run_pipeline(tiny_config(tmp_path / "u", tiny_model_dir, "pipeline.num_steps=3"))
-    out = tmp_path / "r"
-    run_pipeline(tiny_config(out, tiny_model_dir, "pipeline.num_steps=2", "pipeline.checkpoint_every_steps=2"))
-    resumed = run_pipeline(tiny_config(out, tiny_model_dir, "pipeline.num_steps=3", "pipeline.resume=auto"))
+    config = tiny_config(tmp_path / "r", tiny_model_dir, "pipeline.num_steps=6", "pipeline.checkpoint_every_steps=2")
+    config_path = tmp_path / "r.yaml"
+    dump_config(config, config_path)
+    latest = Path(config.pipeline.output_dir) / "checkpoints" / "latest"
+    env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
+    driver = subprocess.Popen([sys.executable, "-m", "rlactors", "run", str(config_path)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 600
+        while not (latest.is_file() and latest.read_text().strip() == "step_00000002"):
+            assert driver.poll() is None, "the driver exited before its second checkpoint"
+            assert time.monotonic() < deadline, "no checkpoint 2 within 10 minutes"
+            time.sleep(0.2)
+        driver.send_signal(signal.SIGKILL)
+    finally:
+        driver.kill()
+        driver.wait()
+    resumed = run_pipeline(config.model_copy(update={"pipeline": config.pipeline.model_copy(
+        update={"num_steps": 3, "resume": "auto"})}))
     assert [h["step"] for h in resumed] == [3]
     for name in ("reward/mean", "response_length/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy"):
         assert resumed[0][name] == pytest.approx(uninterrupted[3][name], rel=1e-5, abs=1e-6), name
+
+
+def test_run_survives_a_crashed_rollout_engine(ray_session, tmp_path, tiny_model_dir):
+    """SIGKILL the engine process mid-run: Ray restarts it, the router reloads the current weights
+    and re-sends its prompts, and every step still trains a full batch."""
+    from ray.util.state import list_actors
+
+    config = tiny_config(tmp_path, tiny_model_dir, "pipeline.num_steps=4")
+    metrics_file = Path(config.pipeline.output_dir) / "metrics.jsonl"
+    killed = []
+
+    def kill_engine_after_first_step():
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and len(killed) == 0:
+            if metrics_file.is_file() and len(metrics_file.read_text().splitlines()) >= 2:
+                engines = list_actors(filters=[("class_name", "=", "RolloutEngine"), ("state", "=", "ALIVE")])
+                os.kill(engines[0].pid, signal.SIGKILL)
+                killed.append(engines[0].pid)
+            time.sleep(0.05)
+
+    import threading
+
+    killer = threading.Thread(target=kill_engine_after_first_step, daemon=True)
+    killer.start()
+    history = run_pipeline(config)
+    killer.join(timeout=5)
+    assert killed, "the engine was never killed"
+    assert [h["step"] for h in history] == [0, 1, 2, 3, 4]
+    assert all(h["response_length/mean"] > 0 for h in history[1:])

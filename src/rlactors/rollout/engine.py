@@ -138,7 +138,7 @@ class RolloutEngine:
         self.config = config
         self.platform = detect_platform()
         # vLLM reads these lazily; its engine-core subprocess inherits them.
-        os.environ.update(engine_env(self.platform, config.use_aiter, config.cpu_kv_cache_bytes))
+        os.environ.update(engine_env(self.platform, config.use_aiter, config.cpu_kv_cache_bytes, config.cpu_cores))
         self.dtype = ("float32" if self.platform == "cpu" else "bfloat16") if dtype == "auto" else dtype
         self.seed = seed
         self.policy_version = policy_version

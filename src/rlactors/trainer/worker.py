@@ -18,6 +18,7 @@ step and skipped-step counters, and RNG states, per rank. `load_checkpoint` rest
 from __future__ import annotations
 
 import math
+import os
 import random
 from collections import defaultdict
 from pathlib import Path
@@ -80,6 +81,9 @@ class TrainerWorker:
         self.mesh = fsdp.init_distributed(self.rank, self.world_size, master_addr, master_port)
         self.device = torch.device(self.mesh.device_type, torch.cuda.current_device()) \
             if self.mesh.device_type == "cuda" else torch.device("cpu")
+        if self.device.type == "cpu" and trainer.cpu_cores:
+            os.sched_setaffinity(0, trainer.cpu_cores)  # e.g. one core for training, one for rollout
+            torch.set_num_threads(len(trainer.cpu_cores))
         model = fsdp.load_role_model(model_path, role, seed)
         self.architecture = type(model).__name__  # before FSDP2 renames the class
         self.pad_token_id = model.config.pad_token_id or 0
