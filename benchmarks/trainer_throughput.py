@@ -10,7 +10,10 @@ the ratio is the median of the per-pair ratios.
     .venv/bin/python benchmarks/trainer_throughput.py [--preset small] [--num-sequences 256]
 
 Prints one final JSON line with tokens_per_s, baseline_tokens_per_s, ratio and peak_rss_bytes
-(the trainer rank's peak resident memory; the baseline's is baseline_peak_rss_bytes).
+(the trainer rank's peak resident memory; the baseline's is baseline_peak_rss_bytes). The same
+plain loop also runs inside a Ray actor process (ratio_vs_baseline_in_actor): on a loaded machine
+a Ray worker process can run the very same loop slower than the driver, and this separates that
+from the trainer's own cost.
 """
 
 from __future__ import annotations
@@ -84,6 +87,22 @@ def plain_step(model, optimizer, batch: TrainBatch, max_tokens: int, algorithm: 
     optimizer.zero_grad(set_to_none=True)
 
 
+class PlainLoop:
+    """The plain loop in a Ray actor process: same process kind as a trainer rank, to tell the
+    trainer's own cost apart from what running in a Ray worker process costs on a busy machine."""
+
+    def __init__(self, model_dir: str, num_threads: int, lr: float):
+        torch.set_num_threads(num_threads)
+        self.model = load_model(model_dir)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr)
+
+    def step(self, batch: TrainBatch, max_tokens: int, algorithm: AlgorithmConfig) -> float:
+        start = time.perf_counter()
+        plain_step(self.model, self.optimizer, batch, max_tokens, algorithm)
+        return time.perf_counter() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="small", choices=["tiny", "small"])
@@ -100,7 +119,8 @@ def main() -> None:
     algorithm = AlgorithmConfig()
     optim = OptimConfig(lr=1e-5)
 
-    ray.init(num_cpus=args.num_threads, include_dashboard=False, log_to_driver=False)
+    # Room for the trainer rank and the in-actor plain loop (they never run at the same time).
+    ray.init(num_cpus=2 * args.num_threads, include_dashboard=False, log_to_driver=False)
     trainer = TrainerConfig(num_workers=1, num_cpus_per_worker=args.num_threads, optim=optim,
                             max_tokens_per_micro_batch=args.max_tokens_per_micro_batch)
     group = TrainerGroup("actor", model_dir, trainer, algorithm)
@@ -109,17 +129,22 @@ def main() -> None:
     model = load_model(model_dir)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=optim.lr)
-    baseline_s, trainer_s = [], []
-    for repeat in range(args.repeats + 1):  # repeat 0 warms both up and is not counted
+    plain_actor = ray.remote(PlainLoop).options(num_cpus=args.num_threads).remote(
+        str(model_dir), args.num_threads, optim.lr)
+    batch_ref = ray.put(batch)
+    baseline_s, trainer_s, actor_baseline_s = [], [], []
+    for repeat in range(args.repeats + 1):  # repeat 0 warms all up and is not counted
         start = time.perf_counter()
         plain_step(model, optimizer, batch, args.max_tokens_per_micro_batch, algorithm)
         elapsed_baseline = time.perf_counter() - start
         start = time.perf_counter()
         metrics = group.update_policy(batch)
         elapsed_trainer = time.perf_counter() - start
+        elapsed_actor = ray.get(plain_actor.step.remote(batch_ref, args.max_tokens_per_micro_batch, algorithm))
         if repeat:
             baseline_s.append(elapsed_baseline)
             trainer_s.append(elapsed_trainer)
+            actor_baseline_s.append(elapsed_actor)
     assert metrics["actor/num_skipped_steps"] == 0, metrics
 
     worker = group.workers[0]
@@ -138,6 +163,9 @@ def main() -> None:
         "ratio": round(statistics.median(b / t for b, t in zip(baseline_s, trainer_s, strict=True)), 3),
         "peak_rss_bytes": peak_rss_bytes,
         "baseline_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "baseline_in_actor_update_s": [round(s, 3) for s in actor_baseline_s],
+        "ratio_vs_baseline_in_actor": round(statistics.median(
+            b / t for b, t in zip(actor_baseline_s, trainer_s, strict=True)), 3),
     }))
 
 

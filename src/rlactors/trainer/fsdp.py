@@ -79,9 +79,12 @@ def shard_model(model: torch.nn.Module, mesh: DeviceMesh, gradient_checkpointing
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     else:
         policy = MixedPrecisionPolicy()
+    # One rank shards nothing: freeing the gathered layers after forward would only make backward
+    # gather (copy) them again.
+    reshard = mesh.size() > 1
     for layer in layers:
-        fully_shard(layer, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
     return model
 
 

@@ -207,7 +207,12 @@ class TrainerWorker:
         for _ in range(num_epochs):
             for plan in plans:
                 sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=self.device))
-                for indices in plan.micro_batches[0]:
+                micro_batches = plan.micro_batches[0]
+                for k, indices in enumerate(micro_batches):
+                    # One rank: accumulate unsharded gradients and reduce once per step (sharding
+                    # saves nothing there). Several ranks: reduce-scatter every micro-batch, so no
+                    # rank ever holds a full gradient.
+                    self.model.set_requires_gradient_sync(self.world_size > 1 or k == len(micro_batches) - 1)
                     micro = build_micro_batch(batch, indices, tuple(fields), self.pad_token_id).to(self.device)
                     loss, micro_sums = loss_fn(micro, plan)
                     (loss * self.world_size).backward()
