@@ -6,8 +6,8 @@ sample has exactly 64), temperature 1, the sampled token's logprob returned. Raw
 in one call; the actor gets the batch through its streaming `generate` (8 requests per prompt)
 and the driver collects every Group. Each side is warmed up with one full batch first, then timed
 `--repeats` times; the best run is reported (the machine is shared, the best run is the least
-disturbed). The phases run one after the other and the raw engine lives in its own process, so
-two engines never compete for the cores.
+disturbed). The phases run one after the other (the raw engine is shut down first), so two
+engines never compete for the cores.
 
 Weight sync: the model's full state_dict goes to the actor as object-ref buckets
 (`trainer.export_bucket_bytes`), timed by the actor (`weight_sync_s`: fetch, transfer to the
@@ -23,8 +23,8 @@ weight_bytes and memcpy_ratio.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
-import multiprocessing
 import os
 import tempfile
 import time
@@ -40,8 +40,8 @@ def make_prompts(num_prompts: int) -> list[list[int]]:
     return [[4 + (7 * i + 13 * j) % 256 for j in range(12 + i % 16)] for i in range(num_prompts)]
 
 
-def raw_vllm_phase(model_path: str, config: RolloutConfig, sampling: SamplingConfig, prompts, repeats, queue):
-    """Runs in its own process: vllm.LLM on the same engine arguments as the actor."""
+def raw_vllm_phase(model_path: str, config: RolloutConfig, sampling: SamplingConfig, prompts, repeats) -> dict:
+    """vllm.LLM on the same engine arguments as the actor; its engine is shut down before returning."""
     platform = detect_platform()
     os.environ.update(engine_env(platform, config.use_aiter, config.cpu_kv_cache_bytes))
     from vllm import LLM, SamplingParams
@@ -60,7 +60,10 @@ def raw_vllm_phase(model_path: str, config: RolloutConfig, sampling: SamplingCon
         num_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
         if run:
             times.append(elapsed)
-    queue.put({"num_tokens": num_tokens, "best_s": min(times)})
+    llm.llm_engine.engine_core.shutdown()  # frees the cores before the actor's engine starts
+    del llm
+    gc.collect()
+    return {"num_tokens": num_tokens, "best_s": min(times)}
 
 
 def dtype_for(platform: str) -> str:
@@ -120,12 +123,7 @@ def main() -> None:
                               max_response_tokens=args.num_tokens, ignore_eos=True)
     prompts = make_prompts(args.num_prompts)
 
-    context = multiprocessing.get_context("spawn")
-    queue = context.Queue()
-    process = context.Process(target=raw_vllm_phase, args=(model_path, config, sampling, prompts, args.repeats, queue))
-    process.start()
-    raw = queue.get()
-    process.join()
+    raw = raw_vllm_phase(model_path, config, sampling, prompts, args.repeats)
 
     actor = actor_phase(model_path, config, sampling, prompts, args.repeats, TrainerConfig().export_bucket_bytes)
     expected_tokens = args.num_prompts * args.num_samples * args.num_tokens
