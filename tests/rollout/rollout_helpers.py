@@ -47,7 +47,9 @@ def perturb_and_send(engine, model, policy_version, seed):
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
-    state = list(model.state_dict().items())
+    # What a trainer exports: a tied lm_head is the embedding and is not sent on its own.
+    tied = model.config.tie_word_embeddings
+    state = [(n, t) for n, t in model.state_dict().items() if not (tied and n == "lm_head.weight")]
     total_bytes = sum(t.numel() * t.element_size() for _, t in state)
     buckets = split_into_buckets(state, bucket_bytes=total_bytes // 2 + 1)
     assert len(buckets) >= 2

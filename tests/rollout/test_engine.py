@@ -110,7 +110,7 @@ def test_weight_update_then_greedy_equals_transformers(engine, reference):
     version = _version(engine) + 1
     stats, total_bytes = perturb_and_send(engine, model, version, seed=1)
     assert stats["policy_version"] == version
-    assert stats["weight_bytes"] == total_bytes and stats["num_tensors"] == len(model.state_dict())
+    assert stats["weight_bytes"] == total_bytes and stats["num_tensors"] == len(model.state_dict()) - 1  # tied head
     assert stats["weight_sync_s"] > 0 and stats["bytes_per_s"] > 0
     print(f"weight update: {total_bytes} bytes in {stats['weight_sync_s']:.4f} s")
 
@@ -121,6 +121,12 @@ def test_weight_update_then_greedy_equals_transformers(engine, reference):
         sample = groups[f"p{i}"].samples[0]
         assert sample.response_token_ids == reference_greedy(model, tokenizer.encode(text), 24), text
         assert sample.token_policy_versions == [version] * 24
+    # Sampled tokens' logprobs too: every layer, the tied output head included, holds the new weights.
+    sampled = SamplingConfig(num_samples_per_prompt=2, temperature=1.0, max_response_tokens=16, seed=3)
+    for group in collect(engine, prompts(tokenizer, texts), sampled):
+        for sample in group.samples:
+            expected = reference_logprobs(model, sample.prompt_token_ids, sample.response_token_ids, 1.0)
+            assert (torch.tensor(sample.response_logprobs).double() - expected).abs().max() < 1e-4
 
 
 def test_partial_rollout_resumes_under_new_weights(engine, reference):

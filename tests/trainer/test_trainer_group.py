@@ -99,3 +99,28 @@ def test_critic_learns_returns(ray_session, tiny_model_dir):
             group.compute_logprobs(batch)
     finally:
         group.shutdown()
+
+
+@pytest.mark.parametrize("num_workers", [1, 2])
+def test_forward_after_updates_uses_the_current_weights(ray_session, tiny_model_dir, num_workers):
+    """After each optimizer step, the actor's next forward runs the weights it exports (a forward
+    on parameters gathered before the step would be one update behind)."""
+    batch = random_batch(6, seed=4)
+    random_fields(batch, ["advantages"], seed=5)
+    group = TrainerGroup("actor", tiny_model_dir, trainer_config(num_workers=num_workers),
+                         AlgorithmConfig(), norm_tokens=16)
+    try:
+        for _ in range(2):
+            batch.set_field("old_logprobs", group.compute_logprobs(batch, TEMPERATURE)["logprobs"])
+            group.update_policy(batch, TEMPERATURE)
+        logprobs = group.compute_logprobs(batch, TEMPERATURE)["logprobs"]
+        exported = weights(group)
+    finally:
+        group.shutdown()
+    model = load_model(tiny_model_dir)
+    model.load_state_dict(exported, strict=False)  # the tied lm_head follows the embedding
+    for i, (prompt, response) in enumerate(zip(batch.prompt_token_ids, batch.response_token_ids, strict=True)):
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : len(prompt) - 1 + len(response)]
+        expected = torch.log_softmax(logits / TEMPERATURE, -1).gather(-1, torch.tensor(response).unsqueeze(-1))[:, 0]
+        torch.testing.assert_close(logprobs[i], expected, rtol=1e-5, atol=1e-5)

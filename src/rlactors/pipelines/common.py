@@ -166,11 +166,16 @@ def prepare_batch(run: Run, groups: list[Group]) -> tuple[TrainBatch, dict[str, 
     metrics: dict[str, float] = {}
     batch.set_field("old_logprobs", run.actor.compute_logprobs(batch, temperature)["logprobs"])
     mask = response_mask(batch.response_lengths)
+    # How far the engine's sampling distribution is from the trainer's (precision, kernels, stale
+    # weights): the KL estimate E[log p_rollout - log p_trainer] over the sampled tokens.
+    rollout, _ = batch.padded_field("rollout_logprobs")
+    old, _ = batch.padded_field("old_logprobs")
+    metrics["rollout/trainer_kl"] = float(algorithms.masked_mean(rollout - old, mask))
+    metrics["rollout/logprob_abs_diff_max"] = float(((rollout - old).abs() * mask).max()) if mask.any() else 0.0
     token_rewards = algorithms.scores_to_token_rewards(torch.tensor(batch.scores), mask)
     if run.reference is not None:
         batch.set_field("ref_logprobs", run.reference.compute_logprobs(batch, temperature)["logprobs"])
         if algorithm.use_kl_in_reward:
-            old, _ = batch.padded_field("old_logprobs")
             ref, _ = batch.padded_field("ref_logprobs")
             token_rewards, current_kl = algorithms.apply_kl_in_reward(token_rewards, old, ref, mask,
                                                                       run.kl_controller.value, algorithm.kl_penalty)

@@ -111,5 +111,19 @@ class WorkerExtension:
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
+        model = self.model_runner.get_model()
         with set_current_vllm_config(self.vllm_config):
-            finalize_layerwise_reload(self.model_runner.get_model(), self.vllm_config.model_config)
+            finalize_layerwise_reload(model, self.vllm_config.model_config)
+        refresh_tied_head(model)
+
+
+def refresh_tied_head(model) -> None:
+    """With tied embeddings the output head shares the embedding tensor, but `load_weights` skips
+    `lm_head.weight`, so the layerwise reload never re-processes the head. On CPU that processing
+    packs a private copy of the weight for the GEMM kernel: without a refresh the engine would keep
+    sampling from the first weights' head while everything else moves on."""
+    config = getattr(model, "config", None)
+    head = getattr(model, "lm_head", None)
+    method = getattr(head, "quant_method", None)
+    if getattr(config, "tie_word_embeddings", False) and method is not None:
+        method.process_weights_after_loading(head)
