@@ -33,13 +33,15 @@ def _matching(record: dict, pattern: str) -> dict[str, float]:
 
 
 class MetricsLogger:
-    """Appends one JSON object per step to `metrics.jsonl` (the step under key "step")."""
+    """Writes one JSON object per step to `metrics.jsonl` (the step under key "step"); a resumed
+    run appends to the file, a fresh one starts it anew."""
 
-    def __init__(self, output_dir: str | Path, total_steps: int | None = None, progress: bool = True):
+    def __init__(self, output_dir: str | Path, total_steps: int | None = None, progress: bool = True,
+                 append: bool = False):
         self.output_dir = Path(output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.output_dir / "metrics.jsonl"
-        self._file = open(self.path, "a")
+        self._file = open(self.path, "a" if append else "w")
         self._tensorboard = None
         try:
             from torch.utils.tensorboard import SummaryWriter

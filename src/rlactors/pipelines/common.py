@@ -276,7 +276,7 @@ def begin(run: Run, history: list[dict]) -> MetricsLogger:
         load_run(run, resume_from)
         publish_weights(run)  # the engines started from the model folder
         print(f"resumed from {resume_from} at step {run.step}, policy_version {run.policy_version}")
-    logger = MetricsLogger(run.output_dir, run.config.pipeline.num_steps)
+    logger = MetricsLogger(run.output_dir, run.config.pipeline.num_steps, append=resume_from is not None)
     if run.step == 0:
         metrics = validate(run)
         logger.log(0, metrics)
