@@ -96,25 +96,29 @@ def test_resume_after_killing_the_driver_reproduces_the_next_step(ray_session, t
         assert resumed[0][name] == pytest.approx(uninterrupted[3][name], rel=1e-5, abs=1e-6), name
 
 
-def test_run_survives_a_crashed_rollout_engine(ray_session, tmp_path, tiny_model_dir):
+def test_run_survives_a_crashed_rollout_engine(ray_session, tmp_path, tiny_model_dir, monkeypatch):
     """SIGKILL the engine process mid-run: Ray restarts it, the router reloads the current weights
     and re-sends its prompts, and every step still trains a full batch."""
-    from ray.util.state import list_actors
+    import threading
 
+    from rlactors.rollout.router import RolloutRouter
+
+    routers = []
+    create = RolloutRouter.create.__func__
+    monkeypatch.setattr(RolloutRouter, "create", classmethod(lambda cls, *a, **k: routers.append(create(cls, *a, **k))
+                                                             or routers[-1]))
     config = tiny_config(tmp_path, tiny_model_dir, "pipeline.num_steps=4")
     metrics_file = Path(config.pipeline.output_dir) / "metrics.jsonl"
     killed = []
 
     def kill_engine_after_first_step():
         deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and len(killed) == 0:
-            if metrics_file.is_file() and len(metrics_file.read_text().splitlines()) >= 2:
-                engines = list_actors(filters=[("class_name", "=", "RolloutEngine"), ("state", "=", "ALIVE")])
-                os.kill(engines[0].pid, signal.SIGKILL)
-                killed.append(engines[0].pid)
+        while time.monotonic() < deadline and not killed:
+            if routers and metrics_file.is_file() and len(metrics_file.read_text().splitlines()) >= 2:
+                pid = ray_session.get(routers[0].engines[0].health.remote())["pid"]
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
             time.sleep(0.05)
-
-    import threading
 
     killer = threading.Thread(target=kill_engine_after_first_step, daemon=True)
     killer.start()
@@ -123,3 +127,4 @@ def test_run_survives_a_crashed_rollout_engine(ray_session, tmp_path, tiny_model
     assert killed, "the engine was never killed"
     assert [h["step"] for h in history] == [0, 1, 2, 3, 4]
     assert all(h["response_length/mean"] > 0 for h in history[1:])
+    assert history[-1]["policy_version"] == 4
