@@ -67,7 +67,8 @@ def warm_up(config: Config, model_path: Path, output_path: Path) -> Path:
     check_rows = rows[: settings["num_check_rows"]]
     dataset = PromptDataset(rows[settings["num_check_rows"]:], seed=config.data.seed)
     tokenizer = load_tokenizer(model_path)
-    trainer_config = config.trainer.model_copy(update={"optim": config.trainer.optim.model_copy(
+    # One optimizer step per batch of 64 whatever GRPO's mini-batching: the calibration's setting.
+    trainer_config = config.trainer.model_copy(update={"num_mini_batches": 1, "optim": config.trainer.optim.model_copy(
         update={"lr": settings["lr"], "warmup_steps": 0, "lr_schedule": "constant"})})
     actor = TrainerGroup("actor", str(model_path), trainer_config, config.algorithm, seed=config.pipeline.seed)
     try:
