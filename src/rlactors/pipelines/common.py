@@ -137,10 +137,17 @@ def build_run(config: Config, model_path: str | None = None) -> Run:
 
 
 def feed_prompts(run: Run, num_prompts: int) -> None:
-    """Hand the buffer the next `num_prompts` prompts from the data cursor (epoch-stamped)."""
-    epoch = run.dataset.epoch if run.dataset.position < len(run.dataset) else run.dataset.epoch + 1
-    rows = run.dataset.next_batch(num_prompts)
-    ray.get(run.buffer.add_prompts.remote(requests_for(rows, run.tokenizer, run.config), epoch))
+    """Hand the buffer the next `num_prompts` prompts from the data cursor, each stamped with the
+    epoch it belongs to (a batch that crosses an epoch boundary is added in two parts: the ledger
+    counts each prompt once per epoch)."""
+    dataset = run.dataset
+    while num_prompts > 0:
+        at_end = dataset.position == len(dataset)
+        epoch = dataset.epoch + 1 if at_end else dataset.epoch
+        take = min(num_prompts, len(dataset) if at_end else len(dataset) - dataset.position)
+        rows = dataset.next_batch(take)
+        ray.get(run.buffer.add_prompts.remote(requests_for(rows, run.tokenizer, run.config), epoch))
+        num_prompts -= take
 
 
 def produce(run: Run, max_groups: int, producer_id: str = "driver", timeout_s: float | None = None) -> int:
