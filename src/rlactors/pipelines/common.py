@@ -31,7 +31,7 @@ from rlactors.trainer.group import TrainerGroup
 from rlactors.types import Group, PromptRequest
 
 
-def init_ray(num_cpus: int | None = None) -> None:
+def init_ray() -> None:
     """Connect to the cluster in RAY_ADDRESS (or the `ray job submit` job's), else start a local Ray."""
     if ray.is_initialized():
         return
@@ -39,7 +39,7 @@ def init_ray(num_cpus: int | None = None) -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(runtime_env={"env_vars": env})
     else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env={"env_vars": env})
+        ray.init(include_dashboard=False, runtime_env={"env_vars": env})
 
 
 def seed_everything(seed: int) -> None:
