@@ -4,10 +4,10 @@ Both sides run the same model with the same engine arguments (`engine_kwargs`) o
 prompts and sampling settings: by default 32 prompts x n=8 x 64 new tokens (ignore_eos, so every
 sample has exactly 64), temperature 1, the sampled token's logprob returned. Raw vLLM gets `n=8`
 in one call; the actor gets the batch through its streaming `generate` (8 requests per prompt)
-and the driver collects every Group. Each side is warmed up with one full batch first, then timed
-`--repeats` times; the best run is reported (the machine is shared, the best run is the least
-disturbed). The phases run one after the other (the raw engine is shut down first), so two
-engines never compete for the cores.
+and the driver collects every Group. Both engines stay up (an idle engine does not use the
+cores) and run alternately, each warmed up once and then timed `--repeats` times; the best run of
+each is reported. Alternating matters: this machine's speed drifts by up to 20% over minutes, and
+two phases run one after the other would measure the drift.
 
 Weight sync: the model's full state_dict goes to the actor as object-ref buckets
 (`trainer.export_bucket_bytes`), timed by the actor (`weight_sync_s`: fetch, transfer to the
@@ -23,11 +23,12 @@ weight_bytes and memcpy_ratio.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import tempfile
 import time
+
+import ray
 
 from rlactors.config import RolloutConfig, SamplingConfig, TrainerConfig
 from rlactors.device import detect_platform, engine_env
@@ -40,8 +41,8 @@ def make_prompts(num_prompts: int) -> list[list[int]]:
     return [[4 + (7 * i + 13 * j) % 256 for j in range(12 + i % 16)] for i in range(num_prompts)]
 
 
-def raw_vllm_phase(model_path: str, config: RolloutConfig, sampling: SamplingConfig, prompts, repeats) -> dict:
-    """vllm.LLM on the same engine arguments as the actor; its engine is shut down before returning."""
+def start_raw_engine(model_path: str, config: RolloutConfig, sampling: SamplingConfig):
+    """vllm.LLM in this process, on the same engine arguments as the actor; returns a timed call."""
     platform = detect_platform()
     os.environ.update(engine_env(platform, config.use_aiter, config.cpu_kv_cache_bytes))
     from vllm import LLM, SamplingParams
@@ -51,46 +52,44 @@ def raw_vllm_phase(model_path: str, config: RolloutConfig, sampling: SamplingCon
     llm = LLM(**engine_kwargs(model_path, config, platform, dtype_for(platform), seed=0))
     params = SamplingParams(n=sampling.num_samples_per_prompt, temperature=sampling.temperature,
                             max_tokens=sampling.max_response_tokens, ignore_eos=True, logprobs=0)
-    inputs = [{"prompt_token_ids": p} for p in prompts]
-    times = []
-    for run in range(repeats + 1):  # run 0 is the warm-up
+
+    def generate(prompts) -> tuple[int, float]:
         start = time.perf_counter()
-        outputs = llm.generate(inputs, params, use_tqdm=False)
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         elapsed = time.perf_counter() - start
-        num_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
-        if run:
-            times.append(elapsed)
-    llm.llm_engine.engine_core.shutdown()  # frees the cores before the actor's engine starts
-    del llm
-    gc.collect()
-    return {"num_tokens": num_tokens, "best_s": min(times)}
+        return sum(len(c.token_ids) for o in outputs for c in o.outputs), elapsed
+
+    return llm, generate
 
 
 def dtype_for(platform: str) -> str:
     return "float32" if platform == "cpu" else "bfloat16"
 
 
-def actor_phase(model_path: str, config: RolloutConfig, sampling: SamplingConfig, prompts, repeats,
-                bucket_bytes: int) -> dict:
-    import ray
-    import torch
-
-    from rlactors.models import load_model
+def start_actor(model_path: str, config: RolloutConfig, sampling: SamplingConfig):
+    """The RolloutEngine actor; returns it and a timed call collecting every streamed Group."""
     from rlactors.rollout.engine import create_engine
-    from rlactors.rollout.weights import split_into_buckets
 
     ray.init(num_cpus=int(config.num_cpus_per_engine), include_dashboard=False, log_to_driver=False)
     engine = create_engine(model_path, config)
     ray.get(engine.ready.remote())
-    requests = [PromptRequest(f"p{i}", p) for i, p in enumerate(prompts)]
-    times = []
-    for run in range(repeats + 1):  # run 0 is the warm-up
+
+    def generate(prompts) -> tuple[int, float]:
+        requests = [PromptRequest(f"p{i}", p) for i, p in enumerate(prompts)]
         start = time.perf_counter()
         groups = [ray.get(ref) for ref in engine.generate.remote(requests, sampling)]
         elapsed = time.perf_counter() - start
-        num_tokens = sum(s.num_response_tokens for g in groups for s in g.samples)
-        if run:
-            times.append(elapsed)
+        return sum(s.num_response_tokens for g in groups for s in g.samples), elapsed
+
+    return engine, generate
+
+
+def weight_sync(engine, model_path: str, repeats: int, bucket_bytes: int) -> dict:
+    """Best of `repeats` full-model updates (after one warm-up) and one plain copy of the bytes."""
+    import torch
+
+    from rlactors.models import load_model
+    from rlactors.rollout.weights import split_into_buckets
 
     state = list(load_model(model_path).state_dict().items())
     refs = [ray.put(bucket) for bucket in split_into_buckets(state, bucket_bytes)]
@@ -103,8 +102,7 @@ def actor_phase(model_path: str, config: RolloutConfig, sampling: SamplingConfig
         for target, (_, tensor) in zip(targets, state, strict=True):
             target.copy_(tensor)
         copy_times.append(time.perf_counter() - start)
-    ray.shutdown()
-    return {"num_tokens": num_tokens, "best_s": min(times), "sync": best_sync, "memcpy_s": min(copy_times)}
+    return best_sync | {"memcpy_s": min(copy_times)}
 
 
 def main() -> None:
@@ -113,7 +111,7 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=32)
     parser.add_argument("--num-samples", type=int, default=8)
     parser.add_argument("--num-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs of each, alternating")
     parser.add_argument("--num-cpus", type=int, default=2, help="CPUs given to the engine actor")
     args = parser.parse_args()
 
@@ -123,17 +121,26 @@ def main() -> None:
                               max_response_tokens=args.num_tokens, ignore_eos=True)
     prompts = make_prompts(args.num_prompts)
 
-    raw = raw_vllm_phase(model_path, config, sampling, prompts, args.repeats)
-
-    actor = actor_phase(model_path, config, sampling, prompts, args.repeats, TrainerConfig().export_bucket_bytes)
+    llm, raw_generate = start_raw_engine(model_path, config, sampling)
+    engine, actor_generate = start_actor(model_path, config, sampling)
+    # Alternate the two (each warmed up once): this machine's speed drifts over minutes, and an
+    # idle engine does not compete for the cores, so alternating makes the best runs comparable.
+    raw_generate(prompts), actor_generate(prompts)
+    raw, actor = [], []
+    for _ in range(args.repeats):
+        raw.append(raw_generate(prompts))
+        actor.append(actor_generate(prompts))
     expected_tokens = args.num_prompts * args.num_samples * args.num_tokens
-    assert raw["num_tokens"] == actor["num_tokens"] == expected_tokens, (raw, actor, expected_tokens)
-    tokens_per_s = actor["num_tokens"] / actor["best_s"]
-    raw_tokens_per_s = raw["num_tokens"] / raw["best_s"]
-    sync = actor["sync"]
+    assert all(num_tokens == expected_tokens for num_tokens, _ in raw + actor), (raw, actor, expected_tokens)
+    tokens_per_s = expected_tokens / min(elapsed for _, elapsed in actor)
+    raw_tokens_per_s = expected_tokens / min(elapsed for _, elapsed in raw)
+    sync = weight_sync(engine, model_path, args.repeats, TrainerConfig().export_bucket_bytes)
+    llm.llm_engine.engine_core.shutdown()
+    print("tokens/s per run, raw vLLM:", [round(expected_tokens / elapsed) for _, elapsed in raw],
+          "actor:", [round(expected_tokens / elapsed) for _, elapsed in actor])
     print(f"raw vLLM: {raw_tokens_per_s:.0f} tokens/s; actor: {tokens_per_s:.0f} tokens/s; "
           f"weight sync: {sync['weight_bytes']} bytes in {sync['weight_sync_s']:.4f} s "
-          f"({sync['bytes_per_s'] / 1e6:.0f} MB/s), plain copy {actor['memcpy_s']:.4f} s")
+          f"({sync['bytes_per_s'] / 1e6:.0f} MB/s), plain copy {sync['memcpy_s']:.4f} s")
     print(json.dumps({
         "tokens_per_s": round(tokens_per_s, 1),
         "raw_tokens_per_s": round(raw_tokens_per_s, 1),
@@ -141,10 +148,11 @@ def main() -> None:
         "weight_sync_s": round(sync["weight_sync_s"], 5),
         "weight_bytes": sync["weight_bytes"],
         "bytes_per_s": round(sync["bytes_per_s"], 1),
-        "memcpy_ratio": round(sync["weight_sync_s"] / actor["memcpy_s"], 2),
-        "num_tokens": actor["num_tokens"],
+        "memcpy_ratio": round(sync["weight_sync_s"] / sync["memcpy_s"], 2),
+        "num_tokens": expected_tokens,
         "preset": args.preset,
     }))
+    ray.shutdown()
 
 
 if __name__ == "__main__":

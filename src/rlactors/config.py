@@ -76,6 +76,10 @@ class RolloutConfig(_Section):
         "null keeps vLLM's own binding.",
     )
     enforce_eager: bool = Field(True, description="Skip CUDA graph / torch.compile capture.")
+    log_engine_stats: bool = Field(
+        False, description="vLLM's per-step statistics and periodic throughput log lines (they cost the engine's "
+        "front-end CPU time every step; `vllm.LLM` keeps them off too)."
+    )
     enable_sleep_mode: bool = Field(
         True, description="Let colocated engines free KV cache and weights while the trainer runs (GPU only)."
     )

@@ -105,6 +105,21 @@ def test_bad_requests_get_errors_naming_the_prompt_and_the_rest_finish(engine, r
     assert all(s.error is None and s.num_response_tokens > 0 for s in groups["good"].samples)
 
 
+def test_text_is_the_decoded_response_and_stop_strings_cut_it(engine, reference):
+    _, tokenizer = reference
+    greedy = SamplingConfig(num_samples_per_prompt=1, temperature=0.0, max_response_tokens=32, ignore_eos=True)
+    [group] = collect(engine, prompts(tokenizer, ["hello world"]), greedy)
+    sample = group.samples[0]
+    assert sample.text == tokenizer.decode(sample.response_token_ids, skip_special_tokens=True)
+    # A stop string taken from the middle of that text ends the same greedy response there.
+    stop = sample.text[10:12]
+    cut = sample.text.index(stop)
+    stopped = SamplingConfig(num_samples_per_prompt=1, temperature=0.0, max_response_tokens=32, stop=[stop])
+    [group] = collect(engine, prompts(tokenizer, ["hello world"]), stopped)
+    assert group.samples[0].finish_reason == "stop"
+    assert group.samples[0].text == sample.text[:cut]
+
+
 def test_weight_update_then_greedy_equals_transformers(engine, reference):
     model, tokenizer = reference
     version = _version(engine) + 1
