@@ -151,20 +151,18 @@ class BufferCore:
         """Accept generated groups. All are checked before any is applied, so a bad one changes
         nothing. A group of an attempt no longer open (already put, e.g. by a retried call, or
         whose reservation was cancelled) is ignored, counted and logged: its prompt is elsewhere."""
-        fresh: dict[str, Group] = {}
+        fresh: dict[str, tuple[Group, int]] = {}  # group_id -> (group, its oldest policy version)
         for index, group in enumerate(groups):
             if group.group_id in fresh or self._is_superseded(group.group_id):
                 key = parse_group_id(group.group_id)[0]
                 self._event("put_superseded", key, group.group_id)
                 continue
-            self._check_group(group, index)
-            fresh[group.group_id] = group
+            fresh[group.group_id] = group, self._check_group(group, index)
         result = Counter(superseded=len(groups) - len(fresh))
-        for group in fresh.values():
+        for group, oldest in fresh.values():
             key = self.reserved.pop(group.group_id).key
             self.num_put_since_batch += 1
             errors = [s.error for s in group.samples if s.error]
-            oldest = oldest_policy_version(group)
             if errors:
                 self._drop(key, f"rollout_error: {errors[0]}")
                 result["rollout_error"] += 1
@@ -188,7 +186,8 @@ class BufferCore:
         key, attempt = parse_group_id(group_id)
         return key in self.entries and attempt < self.entries[key].num_attempts
 
-    def _check_group(self, group: Group, index: int) -> None:
+    def _check_group(self, group: Group, index: int) -> int:
+        """Raise ValueError naming the group if it cannot be put; returns its oldest policy version."""
         where = f"group {index} (prompt_id {group.prompt_id!r}, group_id {group.group_id!r})"
         reservation = self.reserved.get(group.group_id)
         if reservation is None:
@@ -200,10 +199,12 @@ class BufferCore:
         for sample in group.samples:
             if not sample.error and not sample.token_policy_versions:
                 raise ValueError(f"{where} sample {sample.sample_index}: empty token_policy_versions")
-        if oldest_policy_version(group) is None:
+        oldest = oldest_policy_version(group)
+        if oldest is None:
             raise ValueError(f"{where}: no sample carries a policy version")
         if self.dynamic_sampling and not any(s.error for s in group.samples):
             group_metric_values(group, self.dynamic_sampling_metric)  # raises naming the sample
+        return oldest
 
     # -- trainer side -------------------------------------------------------------------------
 

