@@ -103,7 +103,6 @@ def run_demo(overrides: list[str] | None = None) -> int:
     before, after = history[0][key], history[-1][key]
     print(f"\nheld-out greedy accuracy ({key}): after warm-up {before:.1%} -> after GRPO {after:.1%} "
           f"({(after - before) * 100:+.1f} points) in {time.perf_counter() - started:.0f} s total")
-    print(f"metrics: {output_dir / 'metrics.jsonl'}\nplot:    {output_dir / 'metrics.png'}")
     ray.shutdown()
     return 0
 
