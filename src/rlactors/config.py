@@ -167,8 +167,9 @@ class TrainerConfig(_Section):
     max_tokens_per_micro_batch: int = Field(
         8192, ge=1, description="Token budget of one packed micro-batch (gradient accumulation beyond it)."
     )
-    cpu_cores: list[int] | None = Field(
-        None, description="CPU only: cores every trainer rank's threads are pinned to; null: no pinning."
+    cpu_cores: list[int] | Literal["all"] | None = Field(
+        None, description="CPU only: cores every trainer rank's threads are pinned to, one torch thread each; "
+        "'all': every core the rank's process may use; null: no pinning, num_cpus_per_worker threads."
     )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
     export_bucket_bytes: int = Field(

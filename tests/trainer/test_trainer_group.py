@@ -124,3 +124,19 @@ def test_forward_after_updates_uses_the_current_weights(ray_session, tiny_model_
             logits = model(torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : len(prompt) - 1 + len(response)]
         expected = torch.log_softmax(logits / TEMPERATURE, -1).gather(-1, torch.tensor(response).unsqueeze(-1))[:, 0]
         torch.testing.assert_close(logprobs[i], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_cpu_cores_all_pins_a_rank_to_every_core_it_may_use(ray_session, tiny_model_dir):
+    import os
+
+    import ray
+
+    def threads_and_cores(worker):
+        return torch.get_num_threads(), sorted(os.sched_getaffinity(0))
+
+    group = TrainerGroup("reference", tiny_model_dir, trainer_config(cpu_cores="all"))
+    try:
+        num_threads, cores = ray.get(group.workers[0].__ray_call__.remote(threads_and_cores))
+    finally:
+        group.shutdown()
+    assert cores == sorted(os.sched_getaffinity(0)) and num_threads == len(cores)

@@ -82,8 +82,10 @@ class TrainerWorker:
         self.device = torch.device(self.mesh.device_type, torch.cuda.current_device()) \
             if self.mesh.device_type == "cuda" else torch.device("cpu")
         if self.device.type == "cpu" and trainer.cpu_cores:
-            os.sched_setaffinity(0, trainer.cpu_cores)  # e.g. one core for training, one for rollout
-            torch.set_num_threads(len(trainer.cpu_cores))
+            # e.g. one core for training and one for rollout; or "all" while a colocated engine idles
+            cores = sorted(os.sched_getaffinity(0)) if trainer.cpu_cores == "all" else trainer.cpu_cores
+            os.sched_setaffinity(0, cores)
+            torch.set_num_threads(len(cores))
         model = fsdp.load_role_model(model_path, role, seed)
         self.architecture = type(model).__name__  # before FSDP2 renames the class
         self.pad_token_id = model.config.pad_token_id or 0
