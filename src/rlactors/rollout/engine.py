@@ -169,8 +169,13 @@ class RolloutEngine:
 
                 kwargs = engine_kwargs(self.model_path, self.config, self.platform, self.dtype, self.seed)
                 args = AsyncEngineArgs(**kwargs)
+                from vllm.utils.gc_utils import freeze_gc_heap
+
                 self.llm = AsyncLLM.from_engine_args(args)
                 self.vocab_size = self.llm.model_config.get_vocab_size()
+                # As vLLM's API server does: the millions of objects alive after start-up leave
+                # the collector's view, so its full passes during generation stay short.
+                freeze_gc_heap()
                 await self.llm.update_weight_version(str(self.policy_version))
         return self.health()
 
