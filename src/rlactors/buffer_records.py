@@ -4,7 +4,6 @@ hands out, and the functions it decides with."""
 from __future__ import annotations
 
 import math
-import pickle
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -59,15 +58,6 @@ class SampledBatch:
     groups: list[Group]
     staleness: list[int] = field(default_factory=list)  # per group
     epochs: list[int] = field(default_factory=list)  # per group: the epoch whose prompt it answers
-
-    def __reduce__(self):
-        # Ray pickles return values with cloudpickle, whose per-object Python hook makes it about
-        # twice as slow as plain pickle on many small Sample dataclasses: ship one plain blob.
-        return _batch_from_blob, (pickle.dumps(self.__dict__, protocol=pickle.HIGHEST_PROTOCOL),)
-
-
-def _batch_from_blob(blob: bytes) -> SampledBatch:
-    return SampledBatch(**pickle.loads(blob))
 
 
 def capacity_groups(batch_size_prompts: int, trigger_parameter_sync_step: int, staleness_threshold: float) -> int:
