@@ -165,12 +165,11 @@ class RolloutEngine:
         async with self._start_lock:
             if self.llm is None:
                 from vllm.engine.arg_utils import AsyncEngineArgs
+                from vllm.utils.gc_utils import freeze_gc_heap
                 from vllm.v1.engine.async_llm import AsyncLLM
 
                 kwargs = engine_kwargs(self.model_path, self.config, self.platform, self.dtype, self.seed)
                 args = AsyncEngineArgs(**kwargs)
-                from vllm.utils.gc_utils import freeze_gc_heap
-
                 self.llm = AsyncLLM.from_engine_args(args)
                 self.vocab_size = self.llm.model_config.get_vocab_size()
                 # As vLLM's API server does: the millions of objects alive after start-up leave
