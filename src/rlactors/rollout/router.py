@@ -26,7 +26,8 @@ from collections.abc import Iterator
 import ray
 
 from rlactors.config import RolloutConfig
-from rlactors.rollout.engine import SamplingArg, create_engine, error_group
+from rlactors.rollout.engine import create_engine
+from rlactors.rollout.samples import SamplingArg, error_group
 from rlactors.types import Group, PromptRequest
 
 HEALTHY, DEAD, RESTARTING, LOADING = "healthy", "dead", "restarting", "loading"
