@@ -230,6 +230,31 @@ def test_state_dict_round_trip(engine, reference):
         ray.get(engine.update_weights.remote([], state["policy_version"]))
 
 
+def test_cpu_front_end_and_engine_core_stay_off_the_model_cores(engine):
+    import os
+
+    import psutil
+    import ray
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one core: nothing to keep apart")
+    health = ray.get(engine.health.remote())
+    front_end_cores = set(health["front_end_cpu_cores"])
+    actor = psutil.Process(health["pid"])
+    engine_cores = [child for child in actor.children() if child.name().startswith("VLLM::")]
+    workers = [worker for core in engine_cores for worker in core.children(recursive=True)]
+    assert front_end_cores and engine_cores and workers
+    for process in [actor, *engine_cores]:  # every thread, Ray's and vLLM's included
+        for thread in process.threads():
+            try:
+                affinity = os.sched_getaffinity(thread.id)
+            except ProcessLookupError:  # the thread ended after the listing
+                continue
+            assert affinity == front_end_cores, (process.name(), thread.id)
+    for worker in workers:  # the model's threads, bound by vLLM to the cores left to them
+        assert set(worker.cpu_affinity()).isdisjoint(front_end_cores), worker.name()
+
+
 def _version(engine) -> int:
     import ray
 

@@ -53,7 +53,13 @@ from typing import Any
 import ray
 
 from rlactors.config import RolloutConfig, SamplingConfig
-from rlactors.device import detect_platform, engine_env, ray_resources, supports_sleep
+from rlactors.device import (
+    detect_platform,
+    engine_env,
+    keep_front_end_off_model_cores,
+    ray_resources,
+    supports_sleep,
+)
 from rlactors.rollout.samples import (
     SamplingArg,
     check_prompt,
@@ -111,6 +117,7 @@ class RolloutEngine:
         self.num_interrupted = 0  # responses cut by a weight update or sleep, then resumed or requeued
         self.llm = None
         self.vocab_size = 0
+        self.front_end_cpu_cores: list[int] = []  # CPU: this process's cores, kept off the model's
         self._start_lock = asyncio.Lock()
         self._update_lock = asyncio.Lock()
         self._in_flight: dict[str, str] = {}  # vLLM request id -> group_id
@@ -127,8 +134,10 @@ class RolloutEngine:
                 from vllm.v1.engine.async_llm import AsyncLLM
 
                 kwargs = engine_kwargs(self.model_path, self.config, self.platform, self.dtype, self.seed)
-                args = AsyncEngineArgs(**kwargs)
-                self.llm = AsyncLLM.from_engine_args(args)
+                vllm_config = AsyncEngineArgs(**kwargs).create_engine_config()
+                if self.platform == "cpu":
+                    self.front_end_cpu_cores = keep_front_end_off_model_cores(vllm_config)
+                self.llm = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=not self.config.log_engine_stats)
                 self.vocab_size = self.llm.model_config.get_vocab_size()
                 # As vLLM's API server does: the millions of objects alive after start-up leave
                 # the collector's view, so its full passes during generation stay short.
@@ -147,6 +156,7 @@ class RolloutEngine:
             "num_in_flight_samples": len(self._in_flight),
             "num_interrupted": self.num_interrupted,
             "platform": self.platform,
+            "front_end_cpu_cores": self.front_end_cpu_cores,
             "pid": os.getpid(),
         }
 
