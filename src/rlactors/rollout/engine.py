@@ -230,6 +230,8 @@ class RolloutEngine:
 
     async def _run_sample(self, request: PromptRequest, sample_index: int, setting: SamplingConfig,
                           call_id: str) -> Sample:
+        from vllm.inputs.engine import tokens_input
+
         sample = Sample(request.prompt_id, sample_index, list(request.prompt_token_ids))
         texts: list[str] = []
         attempt = 0
@@ -240,7 +242,9 @@ class RolloutEngine:
                 break
             seed = sample_seed(setting.seed, request.group_id, sample_index, sample.num_response_tokens)
             params = self._sampling_params(setting, remaining, seed)
-            prompt = {"prompt_token_ids": request.prompt_token_ids + sample.response_token_ids}
+            # A rendered token input: a raw prompt dict would make vLLM hop every request through
+            # its tokenizer thread pool, although token prompts need no tokenizing.
+            prompt = tokens_input(request.prompt_token_ids + sample.response_token_ids)
             request_id = f"{request.group_id}/{sample_index}/{call_id}/{attempt}"
             attempt += 1
             self._in_flight[request_id] = request.group_id
