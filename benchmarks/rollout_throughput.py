@@ -4,10 +4,18 @@ Both sides run the same model with the same engine arguments (`engine_kwargs`) o
 prompts and sampling settings: by default 32 prompts x n=8 x 64 new tokens (ignore_eos, so every
 sample has exactly 64), temperature 1, the sampled token's logprob returned. Raw vLLM gets `n=8`
 in one call; the actor gets the batch through its streaming `generate` (8 requests per prompt)
-and the driver collects every Group. Both engines stay up (an idle engine does not use the
-cores) and run alternately, each warmed up once and then timed `--repeats` times; the best run of
-each is reported. Alternating matters: this machine's speed drifts by up to 20% over minutes, and
-two phases run one after the other would measure the drift.
+and the driver collects every Group. Both engines stay up and run alternately, each warmed up
+once and then timed `--repeats` times: this machine's speed drifts by up to 20% over minutes, and
+two phases run one after the other would measure the drift. While one engine is timed, the other's
+vLLM processes are stopped (SIGSTOP): an idle engine's worker still wakes its 13 gloo threads
+~100 times a second each, on the model's core. Measured without stopping, the idle raw engine
+(nice 0) took 0.13-0.20 s of CPU from each ~3.5 s actor run (Ray's workers run at nice 15), the
+idle actor 0.05-0.06 s from each raw run.
+
+Reported: the median run of each side (`tokens_per_s`, `raw_tokens_per_s`, `ratio`), and, for
+comparison, the best run of each (`ratio_best`). Medians, because the two sides' spreads differ:
+raw vLLM's front end and engine core float over the cores, so its runs vary more (3,900-5,800
+tokens/s in one run of this benchmark) and its best run is a lucky placement, not its speed.
 
 Weight sync: the model's full state_dict goes to the actor as object-ref buckets
 (`trainer.export_bucket_bytes`), timed by the actor (`weight_sync_s`: fetch, transfer to the
@@ -23,15 +31,18 @@ weight_bytes and memcpy_ratio.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import statistics
 import tempfile
 import time
 
+import psutil
 import ray
 
 from rlactors.config import RolloutConfig, SamplingConfig, TrainerConfig
-from rlactors.device import detect_platform, engine_env
+from rlactors.device import default_dtype, detect_platform, engine_env
 from rlactors.models import build_tiny_model
 from rlactors.types import PromptRequest
 
@@ -49,7 +60,7 @@ def start_raw_engine(model_path: str, config: RolloutConfig, sampling: SamplingC
 
     from rlactors.rollout.engine import engine_kwargs
 
-    llm = LLM(**engine_kwargs(model_path, config, platform, dtype_for(platform), seed=0))
+    llm = LLM(**engine_kwargs(model_path, config, platform, default_dtype(platform), seed=0))
     params = SamplingParams(n=sampling.num_samples_per_prompt, temperature=sampling.temperature,
                             max_tokens=sampling.max_response_tokens, ignore_eos=True, logprobs=0)
 
@@ -60,10 +71,6 @@ def start_raw_engine(model_path: str, config: RolloutConfig, sampling: SamplingC
         return sum(len(c.token_ids) for o in outputs for c in o.outputs), elapsed
 
     return llm, generate
-
-
-def dtype_for(platform: str) -> str:
-    return "float32" if platform == "cpu" else "bfloat16"
 
 
 def start_actor(model_path: str, config: RolloutConfig, sampling: SamplingConfig):
@@ -82,6 +89,27 @@ def start_actor(model_path: str, config: RolloutConfig, sampling: SamplingConfig
         return sum(s.num_response_tokens for g in groups for s in g.samples), elapsed
 
     return engine, generate
+
+
+def vllm_processes(pid: int) -> list[psutil.Process]:
+    """The vLLM engine-core and worker processes started by process `pid` (the driver or the actor)."""
+    found = []
+    for child in psutil.Process(pid).children():
+        if child.name().startswith("VLLM::"):
+            found += [child, *child.children(recursive=True)]
+    return found
+
+
+@contextlib.contextmanager
+def stopped(processes: list[psutil.Process]):
+    """SIGSTOP `processes` for the duration, so an idle engine's threads cannot preempt the timed one."""
+    for process in processes:
+        process.suspend()
+    try:
+        yield
+    finally:
+        for process in processes:
+            process.resume()
 
 
 def weight_sync(engine, model_path: str, repeats: int, bucket_bytes: int) -> dict:
@@ -111,7 +139,7 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=32)
     parser.add_argument("--num-samples", type=int, default=8)
     parser.add_argument("--num-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs of each, alternating")
+    parser.add_argument("--repeats", type=int, default=9, help="timed runs of each, alternating")
     parser.add_argument("--num-cpus", type=int, default=2, help="CPUs given to the engine actor")
     args = parser.parse_args()
 
@@ -123,28 +151,33 @@ def main() -> None:
 
     llm, raw_generate = start_raw_engine(model_path, config, sampling)
     engine, actor_generate = start_actor(model_path, config, sampling)
-    # Alternate the two (each warmed up once): this machine's speed drifts over minutes, and an
-    # idle engine does not compete for the cores, so alternating makes the best runs comparable.
-    raw_generate(prompts), actor_generate(prompts)
+    raw_processes = vllm_processes(os.getpid())
+    actor_processes = vllm_processes(ray.get(engine.health.remote())["pid"])
+    assert raw_processes and actor_processes, "vLLM's engine processes were not found"
     raw, actor = [], []
-    for _ in range(args.repeats):
-        raw.append(raw_generate(prompts))
-        actor.append(actor_generate(prompts))
+    for _ in range(args.repeats + 1):  # the first run of each is a warm-up
+        with stopped(actor_processes):
+            raw.append(raw_generate(prompts))
+        with stopped(raw_processes):
+            actor.append(actor_generate(prompts))
+    raw, actor = raw[1:], actor[1:]
     expected_tokens = args.num_prompts * args.num_samples * args.num_tokens
     assert all(num_tokens == expected_tokens for num_tokens, _ in raw + actor), (raw, actor, expected_tokens)
-    tokens_per_s = expected_tokens / min(elapsed for _, elapsed in actor)
-    raw_tokens_per_s = expected_tokens / min(elapsed for _, elapsed in raw)
+    tokens_per_s = expected_tokens / statistics.median(elapsed for _, elapsed in actor)
+    raw_tokens_per_s = expected_tokens / statistics.median(elapsed for _, elapsed in raw)
+    ratio_best = min(elapsed for _, elapsed in raw) / min(elapsed for _, elapsed in actor)
     sync = weight_sync(engine, model_path, args.repeats, TrainerConfig().export_bucket_bytes)
     llm.llm_engine.engine_core.shutdown()
     print("tokens/s per run, raw vLLM:", [round(expected_tokens / elapsed) for _, elapsed in raw],
           "actor:", [round(expected_tokens / elapsed) for _, elapsed in actor])
-    print(f"raw vLLM: {raw_tokens_per_s:.0f} tokens/s; actor: {tokens_per_s:.0f} tokens/s; "
+    print(f"median: raw vLLM {raw_tokens_per_s:.0f} tokens/s, actor {tokens_per_s:.0f} tokens/s; "
           f"weight sync: {sync['weight_bytes']} bytes in {sync['weight_sync_s']:.4f} s "
           f"({sync['bytes_per_s'] / 1e6:.0f} MB/s), plain copy {sync['memcpy_s']:.4f} s")
     print(json.dumps({
         "tokens_per_s": round(tokens_per_s, 1),
         "raw_tokens_per_s": round(raw_tokens_per_s, 1),
         "ratio": round(tokens_per_s / raw_tokens_per_s, 4),
+        "ratio_best": round(ratio_best, 4),
         "weight_sync_s": round(sync["weight_sync_s"], 5),
         "weight_bytes": sync["weight_bytes"],
         "bytes_per_s": round(sync["bytes_per_s"], 1),

@@ -90,6 +90,11 @@ def keep_front_end_off_model_cores(vllm_config) -> list[int]:
     return free_cores
 
 
+def default_dtype(platform: Platform) -> str:
+    """The engine weight dtype `auto` stands for: float32 on CPU, bfloat16 on GPUs."""
+    return "float32" if platform == "cpu" else "bfloat16"
+
+
 def supports_sleep(platform: Platform) -> bool:
     """Whether vLLM can free device memory on sleep (its CPU worker cannot: sleep is a no-op there)."""
     return platform in ("cuda", "rocm")

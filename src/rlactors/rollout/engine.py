@@ -54,6 +54,7 @@ import ray
 
 from rlactors.config import RolloutConfig, SamplingConfig
 from rlactors.device import (
+    default_dtype,
     detect_platform,
     engine_env,
     keep_front_end_off_model_cores,
@@ -109,7 +110,7 @@ class RolloutEngine:
             # and, unless OMP_NUM_THREADS is set, drops torch's intra-op threads to 1 for serving;
             # with it set, torch's spinning threads fight the bound ones (~15% slower here).
             os.environ.pop("OMP_NUM_THREADS", None)
-        self.dtype = ("float32" if self.platform == "cpu" else "bfloat16") if dtype == "auto" else dtype
+        self.dtype = default_dtype(self.platform) if dtype == "auto" else dtype
         self.seed = seed
         self.policy_version = policy_version
         self.asleep = False
