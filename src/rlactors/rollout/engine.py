@@ -38,6 +38,10 @@ Sleep (colocated mode): `sleep()` pauses generation and, on CUDA/ROCm, offloads 
 the KV cache (vLLM level 1); on CPU vLLM cannot free memory, so it only pauses. `generate` while
 asleep raises; `update_weights` while asleep wakes the weights only and loads them.
 
+CPU placement: vLLM binds the model's OpenMP threads to its chosen cores; the actor pins its own
+process, and so the engine-core process it starts, to the remaining cores (`health()` lists them as
+`front_end_cpu_cores`), so neither preempts the model threads (`keep_front_end_off_model_cores`).
+
 Checkpoint (`state_dict`): the `policy_version` only. Weights belong to the trainer: after a
 restore, or a restart, the driver sends them again with `update_weights`.
 """
