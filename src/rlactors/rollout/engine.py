@@ -139,10 +139,13 @@ class RolloutEngine:
                 from vllm.v1.engine.async_llm import AsyncLLM
 
                 kwargs = engine_kwargs(self.model_path, self.config, self.platform, self.dtype, self.seed)
-                vllm_config = AsyncEngineArgs(**kwargs).create_engine_config()
+                args = AsyncEngineArgs(**kwargs)
+                vllm_config = args.create_engine_config()
                 if self.platform == "cpu":
                     self.front_end_cpu_cores = keep_front_end_off_model_cores(vllm_config)
-                self.llm = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=not self.config.log_engine_stats)
+                # What AsyncLLM.from_engine_args does, with the pinning between config and start.
+                self.llm = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=args.disable_log_stats,
+                                                     enable_log_requests=args.enable_log_requests)
                 self.vocab_size = self.llm.model_config.get_vocab_size()
                 # As vLLM's API server does: the millions of objects alive after start-up leave
                 # the collector's view, so its full passes during generation stay short.
