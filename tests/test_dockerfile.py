@@ -1,10 +1,12 @@
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 DOCKERFILE = Path(__file__).resolve().parents[1] / "Dockerfile.rocm"
+API_CHECK_TIMEOUT_S = 120
 
 
 def test_hadolint_passes():
@@ -24,3 +26,56 @@ def test_structure():
     for documented in ("docker run", "--device=/dev/kfd", "--device=/dev/dri", "--shm-size", "ray start --head",
                        "ray job submit", "-v /data/models:/models"):
         assert documented in text, documented
+
+
+def test_base_image_is_pinned_to_a_vllm_release():
+    base = re.search(r"^ARG BASE_IMAGE=(\S+)", DOCKERFILE.read_text(), re.M).group(1)
+    repository, _, tag = base.partition(":")
+    assert tag and tag != "latest", f"{base}: a moving tag rebuilds onto whatever vLLM it points at that day"
+    assert re.search(r"vllm_\d+\.\d+", tag), f"{base}: the tag names the vLLM version it ships"
+
+
+def docker_run_command(text: str) -> str:
+    """The documented `docker run` command, its continuation lines joined."""
+    lines = [line.removeprefix("#").strip() for line in text.splitlines() if line.startswith("#")]
+    start = next(i for i, line in enumerate(lines) if line.startswith("docker run"))
+    end = next(i for i in range(start, len(lines)) if not lines[i].endswith("\\"))
+    return " ".join(line.rstrip("\\").strip() for line in lines[start:end + 1])
+
+
+def test_documented_commands_keep_the_jobs_api_off_public_interfaces():
+    text = DOCKERFILE.read_text()
+    heads = [line for line in text.splitlines() if "ray start --head" in line]
+    assert heads and all("--dashboard-host=127.0.0.1" in line for line in heads), heads
+    assert "--dashboard-host=0.0.0.0" not in text
+    assert "ssh -N -L 8265:127.0.0.1:8265" in text, "the tunnel to the loopback-only dashboard is documented"
+    run = docker_run_command(text)
+    assert run.endswith("rlactors:rocm"), run
+    assert "seccomp=unconfined" not in run, "the default command keeps Docker's seccomp filter on"
+
+
+def build_commands(text: str) -> list[str]:
+    """The shell commands of the RUN instruction that installs rlactors (Docker's line
+    continuations joined the way Docker joins them)."""
+    joined = re.sub(r"\\\n", "", text)
+    run = next(line for line in joined.splitlines() if line.startswith("RUN ") and "pip install" in line)
+    return [command.strip() for command in run.removeprefix("RUN ").split(" && ")]
+
+
+def test_build_imports_the_rollout_engine_and_checks_vllm_apis():
+    commands = build_commands(DOCKERFILE.read_text())
+    assert any("import rlactors.rollout.engine" in command for command in commands)
+    api_check = next(command for command in commands if "CompletionOutput.weight_versions" in command)
+    assert "vLLM >= 0.32.0" in api_check, "the failure names the vLLM version rlactors needs"
+
+
+def test_vllm_api_check_passes_on_the_locked_vllm():
+    """The build's API check, run here against the CPU lock's vLLM (0.32.0, which has every API):
+    it is valid Python and its names and signatures match a vLLM the engine runs on."""
+    api_check = next(command for command in build_commands(DOCKERFILE.read_text())
+                     if "CompletionOutput.weight_versions" in command)
+    python, flag, code = shlex.split(api_check)
+    assert (python, flag) == ("python3", "-c")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=API_CHECK_TIMEOUT_S)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "has every API the rollout engine uses" in result.stdout
