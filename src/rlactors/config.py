@@ -83,6 +83,10 @@ class RolloutConfig(_Section):
     enable_sleep_mode: bool = Field(
         True, description="Let colocated engines free KV cache and weights while the trainer runs (GPU only)."
     )
+    sleep_level: Literal[1, 2] = Field(
+        1, description="vLLM sleep level of colocated engines: 1 offloads the weights to host memory and frees the "
+        "KV cache; 2 discards the weights too (no host copy), fine because new weights are loaded before waking."
+    )
     use_aiter: bool | None = Field(
         None, description="Switch on AMD AITER kernels (VLLM_ROCM_USE_AITER); null means on for ROCm, off elsewhere."
     )
@@ -174,6 +178,11 @@ class TrainerConfig(_Section):
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
     export_bucket_bytes: int = Field(
         64 << 20, ge=1 << 16, description="Size of each bucket of gathered weights sent to rollout engines."
+    )
+    offload: bool = Field(
+        False, description="Colocated mode: trainer ranks keep parameters and optimizer state in host memory while "
+        "the engines generate, moving them onto the device for the logprob/value passes and the update and off "
+        "again after the weight export (veRL-style time-sharing of every device). The async driver ignores it."
     )
 
 

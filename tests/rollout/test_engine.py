@@ -215,6 +215,48 @@ def test_sleep_blocks_generation_until_wake_up(engine, reference):
     assert groups[0].samples[0].token_policy_versions == [version] * 4
 
 
+@pytest.mark.parametrize("sleep_level", [1, 2])
+def test_sleeping_engine_wakes_weights_then_loads_then_wakes_the_kv_cache(engine, reference, sleep_level):
+    """The colocated order, as the phase log records it; on CPU vLLM frees nothing, but the tags it
+    keeps asleep (and so whether it schedules) follow the same calls as on a GPU."""
+    import ray
+
+    model, tokenizer = reference
+    # The fixture's engine, at this test's level (a config field the actor reads at each sleep).
+    ray.get(engine.__ray_call__.remote(
+        lambda actor: setattr(actor, "config", actor.config.model_copy(update={"sleep_level": sleep_level}))))
+    try:
+        num_before = len(ray.get(engine.phase_log.remote()))
+        ray.get(engine.sleep.remote())
+        assert ray.get(engine.health.remote())["sleeping_tags"] == ["weights", "kv_cache"]
+        if sleep_level == 2:  # the weights were discarded: nothing may wake them but a load
+            with pytest.raises(Exception, match="discarded the weights"):
+                ray.get(engine.wake_up.remote())
+        with pytest.raises(Exception, match="allowed values"):
+            ray.get(engine.wake_up.remote(["weights", "activations"]))
+        version = _version(engine) + 1
+        perturb_and_send(engine, model, version, seed=10 + sleep_level)
+        health = ray.get(engine.health.remote())
+        assert health["sleeping_tags"] == ["kv_cache"] and health["asleep"] is True
+        with pytest.raises(Exception, match="asleep"):
+            collect(engine, prompts(tokenizer, ["zzz"]))
+        assert ray.get(engine.wake_up.remote())["tags"] == ["kv_cache"]
+        assert ray.get(engine.wake_up.remote()) is None  # nothing left asleep
+        groups = collect(engine, prompts(tokenizer, ["awake"]), SamplingConfig(num_samples_per_prompt=1,
+                                                                             max_response_tokens=4, ignore_eos=True))
+        assert groups[0].samples[0].token_policy_versions == [version] * 4
+        log = ray.get(engine.phase_log.remote())[num_before:]
+        assert [(e["phase"], e.get("tags"), e.get("level")) for e in log] == [
+            ("sleep", None, sleep_level), ("wake_up", ["weights"], None), ("load_weights", None, None),
+            ("wake_up", ["kv_cache"], None), ("generate", None, None)]
+        assert [e["index"] for e in log] == list(range(log[0]["index"], log[0]["index"] + 5))
+        assert all(e["memory"]["host_rss_bytes"] > 0 for e in log)  # the vLLM worker process's
+        assert log[2]["policy_version"] == version and log[2]["weight_bytes"] > 0
+    finally:
+        ray.get(engine.__ray_call__.remote(
+            lambda actor: setattr(actor, "config", actor.config.model_copy(update={"sleep_level": 1}))))
+
+
 def test_state_dict_round_trip(engine, reference):
     import ray
 

@@ -116,6 +116,12 @@ class WorkerExtension:
             finalize_layerwise_reload(model, self.vllm_config.model_config)
         refresh_tied_head(model)
 
+    def rlactors_memory(self) -> dict[str, int]:
+        """This worker process's memory (`rlactors.phases.memory_figures`), for the engine's phase log."""
+        from rlactors.phases import memory_figures
+
+        return memory_figures()
+
 
 def refresh_tied_head(model) -> None:
     """With tied embeddings the output head shares the embedding tensor, but `load_weights` skips

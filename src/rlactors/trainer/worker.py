@@ -13,6 +13,11 @@ the whole mini-batch. FSDP averages gradients over ranks, hence the `* world_siz
 
 Checkpoint (`save_checkpoint`): model and optimizer state (DCP shards), LR scheduler, optimizer
 step and skipped-step counters, and RNG states, per rank. `load_checkpoint` restores all of it.
+
+Offload (colocated, `trainer.offload`): `offload()` moves parameters and optimizer state to host
+memory while the engines generate, `onload()` brings them back; forward and update passes raise
+while offloaded, exports and checkpoints hold the device for the call (`resident`). Each
+pass, export, offload and onload is appended to `phase_log()` with this process's memory.
 """
 
 from __future__ import annotations
@@ -46,7 +51,8 @@ from rlactors.algorithms import (
     value_loss,
 )
 from rlactors.config import AlgorithmConfig, TrainerConfig
-from rlactors.trainer import checkpoint, fsdp
+from rlactors.phases import PhaseLog, memory_figures
+from rlactors.trainer import checkpoint, fsdp, offload
 from rlactors.trainer.batch import (
     ROLLOUT_LOGPROBS,
     MicroBatch,
@@ -55,6 +61,7 @@ from rlactors.trainer.batch import (
     build_micro_batch,
     unpad_rows,
 )
+from rlactors.trainer.offload import resident
 
 # Metrics that are token means: ranks return token-weighted sums, divided by the mini-batch's tokens.
 TOKEN_MEAN_METRICS = frozenset({"ppo_kl", "pg_clipfrac", "pg_clipfrac_lower", "entropy", "vf_clipfrac"})
@@ -69,6 +76,8 @@ class TrainerWorker:
         self.rank, self.world_size = rank, world_size
         self.num_optimizer_steps = 0
         self.num_skipped_steps = 0
+        self.offloaded = False  # parameters and optimizer state in host memory (colocated, between steps)
+        self.phases = PhaseLog()
 
     def master_address(self) -> tuple[str, int]:
         """Rank 0's node address and a free port for the process group rendezvous."""
@@ -112,7 +121,7 @@ class TrainerWorker:
     def compute_logprobs(self, batch: TrainBatch, plan: MiniBatchPlan, temperature: float,
                          with_entropy: bool = False) -> list[tuple[int, torch.Tensor, torch.Tensor | None]]:
         """(sequence index, response-token logprobs, entropies or None) for this rank's sequences."""
-        self._require_role("compute_logprobs", ("actor", "reference"))
+        self._start("compute_logprobs", ("actor", "reference"))
         out = []
         for indices in plan.micro_batches[0]:
             micro = build_micro_batch(batch, indices, pad_token_id=self.pad_token_id).to(self.device)
@@ -125,7 +134,7 @@ class TrainerWorker:
 
     @torch.no_grad()
     def compute_values(self, batch: TrainBatch, plan: MiniBatchPlan) -> list[tuple[int, torch.Tensor]]:
-        self._require_role("compute_values", ("critic",))
+        self._start("compute_values", ("critic",))
         out = []
         for indices in plan.micro_batches[0]:
             micro = build_micro_batch(batch, indices, pad_token_id=self.pad_token_id).to(self.device)
@@ -137,7 +146,7 @@ class TrainerWorker:
 
     def update_policy(self, batch: TrainBatch, plans: list[MiniBatchPlan], temperature: float) -> dict[str, float]:
         """PPO epochs over the mini-batches; metrics are means over optimizer steps."""
-        self._require_role("update_policy", ("actor",))
+        self._start("update_policy", ("actor",))
         algo = self.algorithm
         fields = ["old_logprobs", "advantages"] + [ROLLOUT_LOGPROBS] * bool(algo.tis_cap) + \
             ["ref_logprobs"] * algo.use_kl_loss
@@ -171,7 +180,7 @@ class TrainerWorker:
         return self._train(batch, plans, fields, loss_fn, "actor", self.trainer.num_epochs)
 
     def update_critic(self, batch: TrainBatch, plans: list[MiniBatchPlan]) -> dict[str, float]:
-        self._require_role("update_critic", ("critic",))
+        self._start("update_critic", ("critic",))
         algo = self.algorithm
 
         def loss_fn(micro: MicroBatch, plan: MiniBatchPlan) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -185,7 +194,7 @@ class TrainerWorker:
 
     def sft_step(self, batch: TrainBatch, plans: list[MiniBatchPlan]) -> dict[str, float]:
         """Supervised masked NLL of the response tokens (prompt tokens are context only)."""
-        self._require_role("sft_step", ("actor",))
+        self._start("sft_step", ("actor",))
 
         def loss_fn(micro: MicroBatch, plan: MiniBatchPlan) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             logp = logprobs_from_logits(fsdp.response_logits(self.model, micro), micro.labels)
@@ -252,13 +261,45 @@ class TrainerWorker:
         self.optimizer.zero_grad(set_to_none=True)
         return {"grad_norm": grad_norm, "lr": lr}
 
-    def _require_role(self, method: str, roles: tuple[str, ...]) -> None:
+    def _start(self, method: str, roles: tuple[str, ...]) -> None:
+        """Checks before a forward or update pass, and its entry in the phase log."""
         if self.role not in roles:
             raise ValueError(f"{method} needs a trainer of role {' or '.join(roles)}; this one is {self.role!r}")
+        if self.offloaded:
+            raise RuntimeError(f"{method}: this {self.role} rank is offloaded to host memory; call onload() first")
+        self.phases.record(method, memory_figures())
+
+    # ----------------------------------------------------------------------------------------
+    # Time-sharing the device (colocated): parameters and optimizer state to the host and back
+
+    def offload(self) -> dict:
+        """Move this rank's parameters and optimizer state to host memory and release the cached
+        device memory; returns {"phase", "moved_bytes", "memory"} (memory after the move). Already
+        offloaded: nothing moves or is logged, and moved_bytes is 0."""
+        return self._move("offload", offload.HOST)
+
+    def onload(self) -> dict:
+        """Bring parameters and optimizer state back to the device (the inverse of `offload`)."""
+        return self._move("onload", self.device)
+
+    def _move(self, phase: str, device) -> dict:
+        if self.offloaded == (phase == "offload"):
+            return {"phase": phase, "moved_bytes": 0, "memory": memory_figures()}
+        if phase == "offload":
+            offload.drop_gradients(self.model)
+        moved_bytes = offload.move_state(self.model, self.optimizer, device)
+        offload.release_cached_memory(self.device)
+        self.offloaded = phase == "offload"
+        return self.phases.record(phase, memory_figures(), moved_bytes=moved_bytes)
+
+    def phase_log(self) -> list[dict]:
+        """This rank's last phases (see `rlactors.phases`), oldest first."""
+        return self.phases.entries()
 
     # ----------------------------------------------------------------------------------------
     # Weights out: to rollout engines and to a Hugging Face folder
 
+    @resident
     def export_weights(self, bucket_bytes: int, dtype: torch.dtype | None = None) -> tuple[list, int]:
         """Stream full weights out in buckets of ~`bucket_bytes`: (list of ObjectRefs, total bytes).
 
@@ -272,8 +313,10 @@ class TrainerWorker:
         for bucket in fsdp.iter_weight_buckets(self.model, bucket_bytes, keep=self.rank == 0, dtype=dtype):
             total_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
             refs.append(ray.put(bucket))
+        self.phases.record("export_weights", memory_figures(), num_bytes=total_bytes)
         return refs, total_bytes
 
+    @resident
     def save_hf(self, path: str) -> None:
         """Write a Hugging Face folder (safetensors, config, generation config, tokenizer) from rank 0."""
         from safetensors.torch import save_file
@@ -299,6 +342,7 @@ class TrainerWorker:
     # ----------------------------------------------------------------------------------------
     # Checkpoint
 
+    @resident
     def save_checkpoint(self, root: str, step: int) -> str:
         """Write checkpoint `step` under `root` atomically (see `checkpoint`); returns its path."""
         if self.rank == 0:
@@ -313,6 +357,7 @@ class TrainerWorker:
         dist.barrier()
         return str(Path(root) / checkpoint.checkpoint_name(step))
 
+    @resident
     def load_checkpoint(self, path: str) -> int:
         """Restore a checkpoint (a directory, or a root whose `latest` names one); returns its step."""
         path = checkpoint.resolve_checkpoint(path)
