@@ -136,7 +136,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30, help="simulated training steps in phase 2")
     parser.add_argument("--step-compute-s", type=float, default=0.08, help="simulated optimizer step")
     args = parser.parse_args()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     free_running = pipelined(args, args.cycles, step_compute_s=0.0)
     simulated = pipelined(args, args.steps, args.step_compute_s)
     result = dict(

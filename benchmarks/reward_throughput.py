@@ -95,7 +95,7 @@ def main() -> None:
     ]
     baseline_s = time.perf_counter() - start
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     config = RewardConfig(num_workers=args.num_workers, max_groups_per_call=args.max_groups_per_call)
     pool = RewardPool(config)
     ray.get(pool.score_many(groups[: args.num_workers]))  # warm-up: every worker imports sympy

@@ -77,7 +77,7 @@ def start_actor(model_path: str, config: RolloutConfig, sampling: SamplingConfig
     """The RolloutEngine actor; returns it and a timed call collecting every streamed Group."""
     from rlactors.rollout.engine import create_engine
 
-    ray.init(num_cpus=int(config.num_cpus_per_engine), include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=int(config.num_cpus_per_engine), include_dashboard=False, log_to_driver=False)
     engine = create_engine(model_path, config)
     ray.get(engine.ready.remote())
 

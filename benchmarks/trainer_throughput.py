@@ -120,7 +120,7 @@ def main() -> None:
     optim = OptimConfig(lr=1e-5)
 
     # Room for the trainer rank and the in-actor plain loop (they never run at the same time).
-    ray.init(num_cpus=2 * args.num_threads, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2 * args.num_threads, include_dashboard=False, log_to_driver=False)
     trainer = TrainerConfig(num_workers=1, num_cpus_per_worker=args.num_threads, optim=optim,
                             max_tokens_per_micro_batch=args.max_tokens_per_micro_batch)
     group = TrainerGroup("actor", model_dir, trainer, algorithm)

@@ -18,12 +18,20 @@ def tiny_model_dir(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", preset="tiny", seed=0)
 
 
-@pytest.fixture(scope="session")
-def ray_session():
-    """A local Ray instance shared by the whole session."""
+def start_local_ray():
+    """The suite's local Ray: 4 CPUs declared (what the pipelines' plans need), no dashboard."""
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+        # address="local": a new instance even while another Ray runs on this machine (a `ray start`
+        # head, e.g. the job-submission test's), which a bare ray.init() would join.
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
                  runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
-    yield ray
+    return ray
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """A local Ray instance shared by the whole session (tests that need another cluster, e.g. a
+    simulated multi-node one, shut it down and call `start_local_ray()` again when done)."""
+    yield start_local_ray()

@@ -4,6 +4,8 @@
     demo [key=value ...]              the CPU demo: warm up the small model on arithmetic, then GRPO
     plot METRICS.jsonl [-o OUT.png]   draw a metrics file
     smoke                             build the tiny model and generate through vLLM once
+    plan CONFIG.yaml [key=value ...]  where every role runs, memory per device, whether it fits
+         [--nodes N --devices-per-node G] [--cpus-per-node C] [--device-memory-gib M] [--json]
     config [CONFIG.yaml] [key=value]  print the resolved configuration as YAML
     fields                            list every setting with its description
 
@@ -56,9 +58,23 @@ def main(argv: list[str] | None = None) -> int:
     show.add_argument("config", nargs="?")
     show.add_argument("overrides", nargs="*")
     commands.add_parser("fields", help="list every setting")
-    args = parser.parse_args(argv)
+    plan = commands.add_parser("plan", help="lay the run out on a cluster; exit 2 if it does not fit")
+    plan.add_argument("config")
+    plan.add_argument("overrides", nargs="*", help="dotted.key=value")
+    plan.add_argument("--nodes", type=int, default=None, help="nodes of a cluster to plan for (default: the live one)")
+    plan.add_argument("--devices-per-node", type=int, default=None, help="GPUs per node (0: a CPU cluster)")
+    plan.add_argument("--cpus-per-node", type=float, default=None, help="CPUs per node (default: not checked)")
+    plan.add_argument("--device-memory-gib", type=float, default=None, help="memory of one GPU, for the fit check")
+    plan.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    args, extra = parser.parse_known_args(argv)
+    # Overrides may follow options (`plan CONFIG --nodes 4 model.path=...`), which argparse leaves over.
+    if extra and hasattr(args, "overrides") and all("=" in item and not item.startswith("-") for item in extra):
+        args.overrides += extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
 
     from rlactors.config import ConfigError, describe_fields, dump_config, load_config
+    from rlactors.placement.plan import PlanError
 
     try:
         if args.command == "plot":
@@ -78,6 +94,11 @@ def main(argv: list[str] | None = None) -> int:
                 config_path, overrides = None, [config_path, *overrides]
             print(dump_config(load_config(config_path, overrides)), end="")
             return 0
+        if args.command == "plan":
+            from rlactors.placement.report import plan_main
+
+            return plan_main(load_config(args.config, args.overrides), args.nodes, args.devices_per_node,
+                             args.cpus_per_node, args.device_memory_gib, args.json)
         if args.command == "run":
             from rlactors.pipelines import run_pipeline
 
@@ -87,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             from rlactors.demo import run_demo
 
             return run_demo(args.overrides)
-    except ConfigError as error:
+    except (ConfigError, PlanError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 1

@@ -243,7 +243,14 @@ class PipelineConfig(_Section):
     )
     val_every_steps: int = Field(10, ge=0, description="Validate every this many steps (0: only at start and end).")
     checkpoint_every_steps: int = Field(0, ge=0, description="Checkpoint every this many steps (0: never).")
-    output_dir: str = Field("outputs/run", description="Metrics, plots and checkpoints go here.")
+    output_dir: str = Field(
+        "outputs/run", description="Metrics, plots and checkpoints go here. Made absolute once by the driver; on a "
+        "multi-node cluster it must be a path every node sees (a shared filesystem), which the driver checks.",
+    )
+    placement_timeout_s: float = Field(
+        120.0, gt=0, description="Most seconds to wait for the run's placement groups (its devices and CPUs) "
+        "before failing with the resources that are missing.",
+    )
     resume: str = Field("auto", description="'auto' (latest checkpoint in output_dir if any), 'never', or a checkpoint path.")
     seed: int = Field(0, description="Global seed.")
 

@@ -99,10 +99,3 @@ def supports_sleep(platform: Platform) -> bool:
     """Whether vLLM can free device memory on sleep (its CPU worker cannot: sleep is a no-op there)."""
     return platform in ("cuda", "rocm")
 
-
-def ray_resources(platform: Platform, num_cpus: float, num_devices: int) -> dict[str, float]:
-    """Ray actor options reserving what one engine uses (Ray counts ROCm GPUs as `num_gpus` too)."""
-    resources: dict[str, float] = {"num_cpus": num_cpus}
-    if platform != "cpu":
-        resources["num_gpus"] = num_devices
-    return resources

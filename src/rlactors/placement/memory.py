@@ -1,0 +1,95 @@
+"""Per-device memory estimate of a plan, from the model's `config.json`.
+
+    num_parameters = count_parameters("/models/Qwen3-8B")          # exact, built on the meta device
+    rows = estimate_memory(plan, config, num_parameters, device_memory_bytes=192 << 30)
+
+What is counted, per device, in bytes (activations are not: they depend on micro-batch tokens):
+- actor, critic: fp32 parameters, fp32 gradients and AdamW's two fp32 moments (16 bytes per
+  parameter), sharded by FSDP over `trainer.num_workers` ranks;
+- reference: fp32 parameters (4 bytes per parameter) over the same ranks;
+- rollout: the engine's weights in its dtype over its tensor-parallel ranks, and the KV-cache budget
+  vLLM takes: `gpu_memory_utilization` x device memory minus those weights.
+Colocated devices are checked phase by phase: while the engines generate the trainer's state stays
+on the device unless `trainer.offload`; while the trainer runs the engines sleep (their weights and
+KV cache freed), so the trainer's state alone must fit.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlactors.placement.plan import ROLLOUT, ResourcePlan
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+BYTES_PER_PARAMETER = {"actor": 16, "critic": 16, "reference": 4}
+
+
+def count_parameters(model_path: str | Path) -> int | None:
+    """Parameters of the model folder's architecture (tied weights once), or None without a
+    readable config.json. Built on torch's meta device: nothing is allocated or downloaded."""
+    config_file = Path(model_path) / "config.json"
+    if not config_file.is_file():
+        return None
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        model_config = AutoConfig.from_pretrained(str(model_path), local_files_only=True)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(model_config)
+    except (ValueError, KeyError, OSError) as error:
+        raise ValueError(f"{config_file}: cannot build the model to count its parameters: {error}") from error
+    return sum(parameter.numel() for parameter in model.parameters())  # shared tensors are yielded once
+
+
+def estimate_memory(plan: ResourcePlan, config, num_parameters: int, device_memory_bytes: int | None = None
+                    ) -> list[dict]:
+    """One row per device: bytes per role, the KV-cache budget, peak bytes and whether it fits."""
+    rollout, trainer = config.rollout, config.trainer
+    dtype = config.model.dtype if config.model.dtype != "auto" else ("bfloat16" if plan.device_kind == "gpu"
+                                                                     else "float32")
+    tp = rollout.tensor_parallel_size if plan.device_kind == "gpu" else 1
+    offload = trainer.offload
+    rows = []
+    for bundle in plan.bundles:
+        row: dict = {"node": bundle.node, "device": bundle.device}
+        trainer_bytes = 0
+        for slot in bundle.roles:
+            if slot.role == ROLLOUT:
+                row["rollout_weights_bytes"] = num_parameters * DTYPE_BYTES[dtype] // tp
+            else:
+                row[f"{slot.role}_bytes"] = num_parameters * BYTES_PER_PARAMETER[slot.role] // trainer.num_workers
+                trainer_bytes += row[f"{slot.role}_bytes"]
+        engine_bytes = row.get("rollout_weights_bytes", 0)
+        if device_memory_bytes is not None and engine_bytes:
+            engine_bytes = int(rollout.gpu_memory_utilization * device_memory_bytes)
+            row["kv_cache_bytes"] = engine_bytes - row["rollout_weights_bytes"]
+        if plan.mode == "colocated":
+            generating = engine_bytes + (0 if offload else trainer_bytes)
+            peak = max(generating, trainer_bytes)
+        else:
+            peak = engine_bytes + trainer_bytes
+        row["peak_bytes"] = peak
+        if device_memory_bytes is not None:
+            row["fits"] = peak <= device_memory_bytes and row.get("kv_cache_bytes", 1) > 0
+        rows.append(row)
+    return rows
+
+
+def memory_verdict(rows: list[dict], device_memory_bytes: int | None) -> str:
+    """"" when every device fits (or memory is unknown), else a one-line reason."""
+    if device_memory_bytes is None:
+        return ""
+    for row in rows:
+        if row.get("kv_cache_bytes", 1) <= 0:
+            return (f"node {row['node']} device {row['device']}: the engine's weights "
+                    f"({_gib(row['rollout_weights_bytes'])}) leave no KV cache within rollout.gpu_memory_utilization")
+        if not row["fits"]:
+            return (f"node {row['node']} device {row['device']}: needs about {_gib(row['peak_bytes'])} of "
+                    f"{_gib(device_memory_bytes)} (set trainer.offload=true, lower rollout.gpu_memory_utilization, "
+                    f"or add trainer ranks)")
+    return ""
+
+
+def _gib(num_bytes: int) -> str:
+    return f"{num_bytes / (1 << 30):.1f} GiB"

@@ -1,0 +1,179 @@
+"""The resource plan (pure) and the `plan` command on the shipped examples and hand-made shapes."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlactors.config import load_config
+from rlactors.placement import ClusterShape, Node, make_plan
+from rlactors.placement.memory import count_parameters, estimate_memory, memory_verdict
+from rlactors.placement.report import plan_report
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+GSM8K = EXAMPLES / "gsm8k_grpo_qwen3_8b.yaml"
+DAPO_ASYNC = EXAMPLES / "math_dapo_qwen2.5_math_7b_async.yaml"
+QWEN3_8B = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288,
+    "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+    "vocab_size": 151936, "tie_word_embeddings": False, "max_position_embeddings": 40960,
+}
+
+
+def roles_by_device(plan):
+    return {(b.node, b.device): sorted(slot.name for slot in b.roles) for b in plan.bundles}
+
+
+def check_invariants(plan):
+    """What every feasible plan must hold, whatever the config."""
+    assert plan.feasible, plan.reason
+    devices = [(b.node, b.device) for b in plan.bundles]
+    assert len(set(devices)) == len(devices)
+    for node in range(len(plan.cluster.nodes)):
+        on_node = [b for b in plan.bundles if b.node == node]
+        if plan.device_kind == "gpu":
+            assert len(on_node) <= plan.cluster.nodes[node].num_gpus
+            assert sorted(b.device for b in on_node) == list(range(len(on_node)))
+    for bundle in plan.bundles:
+        assert sum(slot.num_gpus for slot in bundle.roles) <= 1.0
+        assert bundle.num_cpus == pytest.approx(sum(slot.num_cpus for slot in bundle.roles))
+    engines = {slot.rank for b in plan.bundles for slot in b.roles if slot.role == "rollout"}
+    for engine in engines:
+        assert len({b.node for b in plan.engine_bundles(engine)}) == 1, f"engine {engine} spans nodes"
+    for role in {slot.role for b in plan.bundles for slot in b.roles} - {"rollout"}:
+        ranks = sorted((slot.rank, b.node, b.device) for b in plan.bundles for slot in b.roles if slot.role == role)
+        assert [node_device for _, *node_device in ranks] == sorted(node_device for _, *node_device in ranks), \
+            f"{role} ranks are not in node order"
+
+
+def test_gsm8k_example_is_colocated_on_one_node_of_8():
+    plan = make_plan(load_config(GSM8K), ClusterShape.uniform(1, 8))
+    check_invariants(plan)
+    assert plan.num_devices == 8
+    for device, roles in roles_by_device(plan).items():
+        rank = device[1]
+        assert roles == sorted([f"actor:{rank}", f"reference:{rank}", f"rollout:{rank // 2}/tp{rank % 2}"])
+    assert {slot.num_gpus for b in plan.bundles for slot in b.roles} == {0.3333}
+
+
+def test_async_example_needs_four_nodes_with_disjoint_pools():
+    config = load_config(DAPO_ASYNC)
+    plan = make_plan(config, ClusterShape.uniform(4, 8))
+    check_invariants(plan)
+    rollout_nodes = {b.node for b in plan.bundles if b.pool == "rollout"}
+    training_nodes = {b.node for b in plan.bundles if b.pool == "training"}
+    assert rollout_nodes == {0, 1} and training_nodes == {2, 3}  # each pool on whole nodes of its own
+    assert all(slot.num_gpus == 1.0 for b in plan.bundles for slot in b.roles)
+
+    small = make_plan(config, ClusterShape.uniform(1, 8))
+    assert not small.feasible
+    assert small.reason == "needs 32 GPUs (16 rollout + 16 training) in 4 nodes of 8; the cluster has 8 GPUs (1 node of 8)"
+
+
+def test_tensor_parallel_larger_than_a_node_is_refused():
+    config = load_config(GSM8K, ["rollout.tensor_parallel_size=16", "rollout.num_engines=1", "trainer.num_workers=16"])
+    plan = make_plan(config, ClusterShape.uniform(2, 8))
+    assert not plan.feasible
+    assert "tensor_parallel_size=16" in plan.reason and "largest node has 8" in plan.reason
+
+
+def test_tensor_parallel_ranks_never_straddle_nodes():
+    # Engines of 3 GPUs on nodes of 8: two per node, never one split over a node boundary.
+    config = load_config(GSM8K, ["rollout.tensor_parallel_size=3", "rollout.num_engines=4", "trainer.num_workers=4",
+                                 "pipeline.mode=async"])
+    plan = make_plan(config, ClusterShape.uniform(3, 8))
+    check_invariants(plan)
+    assert [b.node for engine in range(4) for b in plan.engine_bundles(engine)] == [0] * 6 + [1] * 6
+    assert {b.node for b in plan.bundles if b.pool == "training"} == {2}
+
+
+def test_colocated_roles_follow_the_algorithm():
+    ppo = load_config(EXAMPLES / "ppo_critic.yaml", ["trainer.num_workers=2"])
+    plan = make_plan(ppo, ClusterShape.uniform(1, 2))
+    check_invariants(plan)
+    assert roles_by_device(plan)[(0, 0)] == ["actor:0", "critic:0", "reference:0", "rollout:0/tp0"]
+    assert roles_by_device(plan)[(0, 1)] == ["actor:1", "critic:1", "reference:1"]
+    grpo = make_plan(load_config(EXAMPLES / "quickstart_cpu.yaml"), ClusterShape.uniform(1, 1))
+    assert roles_by_device(grpo)[(0, 0)] == ["actor:0", "rollout:0/tp0"]
+    assert all(slot.num_gpus == 0.5 for slot in grpo.bundles[0].roles)
+
+
+def test_cpu_cluster_counts_cpus_and_names_them():
+    quickstart = load_config(EXAMPLES / "quickstart_cpu.yaml")
+    cpu_machine = ClusterShape((Node("local", 0, 2.0),))
+    plan = make_plan(quickstart, cpu_machine)
+    check_invariants(plan)
+    assert plan.device_kind == "cpu" and plan.bundles[0].resources("cpu") == {"CPU": 2.0}
+    too_many = make_plan(load_config(EXAMPLES / "quickstart_cpu.yaml", ["trainer.num_workers=2"]), cpu_machine)
+    assert not too_many.feasible
+    assert too_many.reason == "needs 3 CPUs; the cluster has 2 CPUs (1 node of 2)"
+    # Async on two one-CPU nodes: the engine and the trainer each get a node of their own.
+    split = make_plan(load_config(EXAMPLES / "quickstart_cpu.yaml", ["pipeline.mode=async"]),
+                      ClusterShape((Node("a", 0, 1.0), Node("b", 0, 1.0))))
+    check_invariants(split)
+    assert {b.pool: b.node for b in split.bundles} == {"rollout": 0, "training": 1}
+
+
+def test_gpu_nodes_need_cpus_for_their_roles():
+    plan = make_plan(load_config(GSM8K), ClusterShape.uniform(1, 8, num_cpus_per_node=16))
+    assert not plan.feasible
+    assert plan.reason.startswith("node node-0 needs 20 CPUs for its devices' roles")
+
+
+def test_memory_estimate_of_qwen3_8b(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_8B))
+    num_parameters = count_parameters(tmp_path)
+    assert 8.1e9 < num_parameters < 8.3e9  # Qwen3-8B: 8.19B
+    config = load_config(GSM8K, [f"model.path={tmp_path}"])
+    plan = make_plan(config, ClusterShape.uniform(1, 8))
+    rows = estimate_memory(plan, config, num_parameters, device_memory_bytes=192 << 30)
+    assert rows[0]["actor_bytes"] == num_parameters * 16 // 8
+    assert rows[0]["reference_bytes"] == num_parameters * 4 // 8
+    assert rows[0]["rollout_weights_bytes"] == num_parameters * 2 // 2  # bf16 over two tensor-parallel ranks
+    assert all(row["fits"] for row in rows) and memory_verdict(rows, 192 << 30) == ""
+    small_devices = estimate_memory(plan, config, num_parameters, device_memory_bytes=24 << 30)
+    assert "needs about" in memory_verdict(small_devices, 24 << 30)
+    report = plan_report(config, ClusterShape.uniform(1, 8), device_memory_bytes=24 << 30)
+    assert not report["feasible"] and "GiB" in report["reason"]
+
+
+def run_plan_command(*args):
+    return subprocess.run([sys.executable, "-m", "rlactors", "plan", *map(str, args)], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_plan_command_json_on_the_examples():
+    fits = run_plan_command(GSM8K, "--nodes", 1, "--devices-per-node", 8, "--json")
+    assert fits.returncode == 0, fits.stderr
+    report = json.loads(fits.stdout)
+    assert report["feasible"] is True and len(report["devices"]) == 8
+    for device in report["devices"]:
+        assert {"node", "device", "roles"} <= set(device)
+        assert all(role.startswith(("rollout", "actor", "reference", "critic")) for role in device["roles"])
+    assert run_plan_command(DAPO_ASYNC, "--nodes", 4, "--devices-per-node", 8, "--json").returncode == 0
+    refused = run_plan_command(DAPO_ASYNC, "--nodes", 1, "--devices-per-node", 8)
+    assert refused.returncode == 2
+    assert "needs 32 GPUs (16 rollout + 16 training) in 4 nodes of 8; the cluster has 8" in refused.stdout
+    as_json = json.loads(run_plan_command(DAPO_ASYNC, "--nodes", 1, "--devices-per-node", 8, "--json").stdout)
+    assert as_json["feasible"] is False and "32 GPUs" in as_json["reason"]
+
+
+def test_plan_command_reads_this_machine_without_a_cluster(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    result = run_plan_command(EXAMPLES / "quickstart_cpu.yaml", "trainer.num_workers=64", "--json")
+    assert result.returncode == 2
+    assert "CPUs" in json.loads(result.stdout)["reason"]
+
+
+def test_plan_command_estimates_memory_with_overrides_after_options(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_8B))
+    fits = run_plan_command(GSM8K, "--nodes", 1, "--devices-per-node", 8, f"model.path={tmp_path}",
+                            "--device-memory-gib", 192, "--json")
+    assert fits.returncode == 0, fits.stderr
+    report = json.loads(fits.stdout)
+    assert len(report["memory"]) == 8 and all(row["fits"] for row in report["memory"])
+    table = run_plan_command(GSM8K, "--nodes", 1, "--devices-per-node", 8, f"model.path={tmp_path}",
+                             "--device-memory-gib", 40)
+    assert table.returncode == 2 and "needs about" in table.stdout and "of 40.0 GiB" in table.stdout
