@@ -75,7 +75,7 @@ def one_caller(args) -> dict:
         ray.get(buffer.put.remote(groups))
         batch = ray.get(buffer.sample.remote(args.batch_size, 0))
         ray.get(buffer.ack.remote(batch.batch_id))
-        assert len(batch.groups) == args.batch_size
+        assert len(batch) == args.batch_size
         if cycle >= args.warmup_cycles:
             cycle_s.append(reserve_s + time.perf_counter() - start)
     metrics = ray.get(buffer.metrics.remote())

@@ -356,14 +356,17 @@ def test_buffered_groups_outlive_a_killed_producer(ray_buffer_module):
     ray.kill(first)
     ray.kill(doomed)  # dies holding two reservations
     batch = ray.get(buffer.sample.remote(1, 0))
-    assert batch.groups == [make_group(request, 0)]  # readable although its maker is dead
+    assert ray.get(batch.groups_ref) == [make_group(request, 0)]  # readable although its maker is dead
+    assert batch.group_ids == [request.group_id] and batch.response_lengths == [2, 2]  # numbers, no tokens
+    assert batch.scores == batch.accuracies == [0.0, 1.0] and batch.prompt_lengths == [2, 2]
     ray.get(buffer.ack.remote(batch.batch_id))
     assert sorted(ray.get(buffer.cancel_reservations.remote("doomed"))) == sorted(r.group_id for r in held)
 
     worker = Producer.remote(buffer, "worker")
     produced = worker.run.remote(1)
-    while (batch := ray.get(buffer.sample.remote(2, 1))).groups:
+    while (batch := ray.get(buffer.sample.remote(2, 1))).group_ids:
         ray.get(buffer.ack.remote(batch.batch_id))
+    assert batch.batch_id == -1 and batch.groups_ref is None
     assert ray.get(produced) == 7
     ledger = ray.get(buffer.ledger.remote())
     assert sorted(e["prompt_id"] for e in ledger) == [f"p{i}" for i in range(8)]
@@ -384,7 +387,7 @@ def test_reserve_and_sample_wait_for_each_other(ray_buffer_module):
     assert ray.wait([blocked, waiting], timeout=0.5)[0] == []
     ray.get(buffer.put.remote([make_group(r, 0) for r in first]))
     batch = ray.get(waiting)
-    assert [g.group_id for g in batch.groups] == [r.group_id for r in first]
+    assert [g.group_id for g in ray.get(batch.groups_ref)] == batch.group_ids == [r.group_id for r in first]
     assert ray.wait([blocked], timeout=0.3)[0] == []  # the batch is not acked yet
     ray.get(buffer.ack.remote(batch.batch_id))
     assert [r.prompt_id for r in ray.get(blocked)] == ["p2"]
@@ -402,12 +405,12 @@ def test_actor_state_round_trips_through_files_mid_run(ray_buffer_module, tmp_pa
     requests = ray.get(buffer.reserve.remote(4, "a"))
     ray.get(buffer.put.remote([make_group(r, 0) for r in requests[:3]]))
     ray.get(buffer.ack.remote(ray.get(buffer.sample.remote(2, 0)).batch_id))
-    save_buffer_state(ray.get(buffer.state_dict.remote()), tmp_path / "buffer")
+    ray.get(buffer.save.remote(str(tmp_path / "buffer")))  # the files are written by the actor itself
     before = ray.get(buffer.ledger.remote())
     ray.kill(buffer)
 
     resumed = ReplayBuffer.remote(config, batch_size_prompts=2)
-    ray.get(resumed.load_state_dict.remote(load_buffer_state(tmp_path / "buffer")))
+    ray.get(resumed.load.remote(str(tmp_path / "buffer")))
     after = ray.get(resumed.ledger.remote())
     assert [e["status"] for e in before] == ["trained", "trained", "queued", "reserved", "pending", "pending"]
     assert after == [e | {"status": "pending", "num_attempts": 0} if e["status"] == "reserved" else e for e in before]
@@ -415,6 +418,6 @@ def test_actor_state_round_trips_through_files_mid_run(ray_buffer_module, tmp_pa
     assert [r.group_id for r in again] == ["p3#0.0", "p4#0.0", "p5#0.0"]  # the lost reservation first
     ray.get(resumed.put.remote([make_group(r, 1) for r in again]))
     ray.get(resumed.close.remote())
-    while (batch := ray.get(resumed.sample.remote(2, 1))).groups:
+    while (batch := ray.get(resumed.sample.remote(2, 1))).group_ids:
         ray.get(resumed.ack.remote(batch.batch_id))
     assert [e["status"] for e in ray.get(resumed.ledger.remote())] == ["trained"] * 6

@@ -7,12 +7,14 @@ Protocol (many concurrent callers; the accounting itself is `rlactors.buffer_cor
                                                        group_id; waits while the producers are
                                                        capacity_groups ahead (backpressure); [] = done
                put(groups)                          scored Groups (or ObjectRefs to them, in a list)
-    trainer:   sample(batch_size, current_version)  -> SampledBatch; waits until enough groups are
+    trainer:   sample(batch_size, current_version)  -> SampledBatchRef: a ref to the Groups and
+                                                       their numbers; waits until enough groups are
                                                        queued, evicting stale ones first
                ack(batch_id)                        after the optimizer step: ledger records "trained"
                nack(batch_id)                       not trained: groups go back to the queue front
     driver:    cancel_reservations(producer_id)     a producer died: its prompts are re-issued
-               ledger(), events(), metrics(), state_dict(), load_state_dict(state)
+               ledger(), events(), metrics(), state_dict(), load_state_dict(state),
+               save(path), load(path)               the checkpoint files, written and read here
 
 Staleness: a group trained at trainer version v has v - oldest_policy_version <= max_staleness.
 Groups that exceed it while queued are evicted and their prompts re-issued (first in line for
@@ -27,7 +29,9 @@ or "dropped" with a reason ("zero_variance", "stale (...)", "rollout_error: ..."
 
 Ownership: the buffer keeps every Group by value in its own heap. `put` resolves ObjectRefs at
 once (while their owner, the producer, is alive), so killing a producer never makes buffered
-groups unreadable; `sample` returns groups by value, owned by the caller from then on.
+groups unreadable. `sample` puts the batch's Groups into the object store as one object, owned by
+the buffer, and returns its ref with ids, lengths and scores: the Groups go from here to whoever
+reads the ref (the batch builder) without passing through the driver.
 
 Checkpoint (`state_dict`, written by `save_buffer_state` as parquet files): the ledger, unfinished
 prompts in hand-out order, open reservations (re-issued on resume under the same group_id),
@@ -50,9 +54,13 @@ import pyarrow.parquet as pq
 import ray
 
 from rlactors.buffer_core import BufferCore
-from rlactors.buffer_records import SampledBatch, capacity_groups
+from rlactors.buffer_records import SampledBatchRef, capacity_groups, describe_batch
 from rlactors.config import BufferConfig
 from rlactors.types import Group, PromptRequest, Sample
+
+# The counts a timed-out wait reports: enough to say why it waited (see `_wait_for`).
+WAIT_STATE = ("policy_version", "capacity_groups", "num_pending", "num_reserved_open", "num_queued",
+              "num_unacked_batches", "num_groups_ahead", "num_unfinished")
 
 
 @ray.remote(num_cpus=0)
@@ -107,8 +115,9 @@ class ReplayBuffer:
             self.core.set_policy_version(policy_version)
             self.changed.notify_all()
 
-    async def sample(self, batch_size: int, current_version: int, timeout_s: float | None = None) -> SampledBatch:
-        return await self._wait_for("sample", timeout_s, lambda: self.core.sample(batch_size, current_version))
+    async def sample(self, batch_size: int, current_version: int, timeout_s: float | None = None) -> SampledBatchRef:
+        batch = await self._wait_for("sample", timeout_s, lambda: self.core.sample(batch_size, current_version))
+        return describe_batch(batch, ray.put(batch.groups) if batch.groups else None)
 
     async def ack(self, batch_id: int) -> bool:
         async with self.changed:
@@ -138,6 +147,14 @@ class ReplayBuffer:
             self.core.load_state_dict(state)
             self.changed.notify_all()
 
+    async def save(self, path: str) -> None:
+        """Write the checkpoint files (`save_buffer_state`) from here: the queued groups never
+        travel to the driver. `path` must be visible to this actor's node."""
+        save_buffer_state(self.core.state_dict(), path)
+
+    async def load(self, path: str) -> None:
+        await self.load_state_dict(load_buffer_state(path))
+
     async def _wait_for(self, name: str, timeout_s: float | None, attempt):
         """Run `attempt` (a core call returning None for "not now") until it returns a value."""
         start = time.perf_counter()
@@ -147,7 +164,10 @@ class ReplayBuffer:
                     await self.changed.wait()
                 self.changed.notify_all()
         except TimeoutError:
-            raise TimeoutError(f"buffer.{name} waited {timeout_s} s; state: {self.core.metrics()}") from None
+            # Routine for polling callers (the colocated driver polls `sample`), and the error
+            # travels to them every time: the counts that say why it waited, not every counter.
+            state = {key: value for key, value in self.core.metrics().items() if key in WAIT_STATE}
+            raise TimeoutError(f"buffer.{name} waited {timeout_s} s; state: {state}") from None
         finally:
             self.wait_s[name] += time.perf_counter() - start
         return result

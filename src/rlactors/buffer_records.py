@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from rlactors.types import Group
 
@@ -51,13 +51,48 @@ class QueuedGroup:
 @dataclass
 class SampledBatch:
     """Groups to train at `policy_version`; ack `batch_id` after the optimizer step.
-    An empty batch (batch_id -1, not to be acked) means the buffer is closed and nothing is left."""
+    An empty batch (batch_id -1, not to be acked) means the buffer is closed and nothing is left.
+    The buffer's own record; the `ReplayBuffer` actor hands out a `SampledBatchRef` of it."""
 
     batch_id: int
     policy_version: int
     groups: list[Group]
     staleness: list[int] = field(default_factory=list)  # per group
     epochs: list[int] = field(default_factory=list)  # per group: the epoch whose prompt it answers
+
+
+@dataclass
+class SampledBatchRef:
+    """A sampled batch as the trainer side gets it from `ReplayBuffer.sample`: one object ref to its
+    Groups (put by the buffer, which lives for the run; `ray.get(groups_ref)` gives them) and the
+    numbers the driver needs, without tokens or text. Per-sample lists run group by group, sample by
+    sample. Empty (batch_id -1, groups_ref None, not to be acked): the buffer is closed and drained."""
+
+    batch_id: int
+    policy_version: int
+    groups_ref: Any  # ObjectRef of list[Group]
+    group_ids: list[str] = field(default_factory=list)
+    staleness: list[int] = field(default_factory=list)  # per group
+    epochs: list[int] = field(default_factory=list)  # per group
+    prompt_lengths: list[int] = field(default_factory=list)  # per sample
+    response_lengths: list[int] = field(default_factory=list)  # per sample
+    scores: list[float | None] = field(default_factory=list)  # per sample
+    accuracies: list[float | None] = field(default_factory=list)  # per sample: score_details["acc"], or None
+    num_score_errors: int = 0
+
+    def __len__(self) -> int:
+        return len(self.group_ids)
+
+
+def describe_batch(batch: SampledBatch, groups_ref: Any) -> SampledBatchRef:
+    samples = [s for g in batch.groups for s in g.samples]
+    return SampledBatchRef(
+        batch.batch_id, batch.policy_version, groups_ref, [g.group_id for g in batch.groups], list(batch.staleness),
+        list(batch.epochs), [len(s.prompt_token_ids) for s in samples], [s.num_response_tokens for s in samples],
+        [s.score for s in samples],
+        [float(s.score_details["acc"]) if s.score_details.get("acc") is not None else None for s in samples],
+        sum(s.score_error is not None for s in samples),
+    )
 
 
 def capacity_groups(batch_size_prompts: int, trigger_parameter_sync_step: int, staleness_threshold: float) -> int:

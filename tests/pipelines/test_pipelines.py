@@ -128,3 +128,33 @@ def test_run_survives_a_crashed_rollout_engine(ray_session, tmp_path, tiny_model
     assert [h["step"] for h in history] == [0, 1, 2, 3, 4]
     assert all(h["response_length/mean"] > 0 for h in history[1:])
     assert history[-1]["policy_version"] == 4
+
+
+def test_no_rollout_data_reaches_the_driver(ray_session, tmp_path, tiny_model_dir, monkeypatch):
+    """Two colocated steps with every byte the driver process receives counted (`DriverBytes`):
+    no Group, Sample, TrainBatch or tensor comes back by value, no engine, scorer or trainer
+    result arrives inline, and all it receives is a fraction of the rollout bytes (the trained
+    Groups' serialized size; the old path received every Group twice, over 2x)."""
+    from rlactors.driver_bytes import DriverBytes, object_size
+    from rlactors.pipelines import colocated
+
+    rollout_bytes = []
+    prepare = colocated.prepare_batch
+
+    def prepare_sized(run, sampled):
+        rollout_bytes.append(object_size(sampled.groups_ref))
+        return prepare(run, sampled)
+
+    monkeypatch.setattr(colocated, "prepare_batch", prepare_sized)
+    config = tiny_config(tmp_path, tiny_model_dir, "rollout.max_model_len=192", "rollout.sampling.max_response_tokens=128",
+                         "rollout.sampling.ignore_eos=true")
+    with DriverBytes() as received:
+        history = run_pipeline(config)
+    assert [h["step"] for h in history] == [0, 1, 2] and history[-1]["response_length/mean"] == 128
+    print(f"driver received {dict(received.total)} for rollouts of {rollout_bytes} bytes; "
+          f"by source {dict(received.bytes_by_source.most_common())}")
+    assert not received.rollout_types_read, received.rollout_types_read
+    inline_calls = {source for source in received.bytes_by_source if source.startswith("inline ")}
+    assert not inline_calls & {"inline streamed item", "inline score", "inline compute_logprobs", "inline update_policy"}
+    assert received.largest_read[0] < 8192, received.largest_read
+    assert received.total["bytes"] < 0.5 * sum(rollout_bytes)  # setup and both validations included

@@ -6,7 +6,7 @@ from trainer_helpers import max_difference, random_batch, random_fields, trainer
 
 from rlactors.config import AlgorithmConfig, OptimConfig
 from rlactors.models import load_model
-from rlactors.trainer.batch import plan_mini_batches
+from rlactors.trainer.batch import TrainBatchRef, plan_mini_batches, rows_in_batch_order
 from rlactors.trainer.group import TrainerGroup
 
 # Every loss term on: clip-higher, dual clip, truncated IS, KL loss, entropy bonus.
@@ -55,10 +55,16 @@ def test_update_is_independent_of_ranks_and_micro_batches(ray_session, tiny_mode
 
 
 def test_reference_logprobs_match_a_transformers_forward(ray_session, tiny_model_dir):
+    import ray
+
     batch = random_batch(6, seed=3)
     group = TrainerGroup("reference", tiny_model_dir, trainer_config(num_workers=2))
     try:
         out = group.compute_logprobs(batch, temperature=TEMPERATURE, with_entropy=True)
+        # The same pass on a batch already in the object store, its rows left there too.
+        stored = TrainBatchRef(ray.put(batch), batch.sequence_lengths, batch.response_lengths)
+        rows = rows_in_batch_order(ray.get(group.logprob_rows(stored, TEMPERATURE)), len(batch), "reference")
+        assert all(torch.equal(row[1], logprobs) for row, logprobs in zip(rows, out["logprobs"], strict=True))
         # One sequence for two ranks: rank 1 runs a filler forward and returns nothing.
         single = group.compute_logprobs(batch.select([0]), temperature=TEMPERATURE)["logprobs"]
         torch.testing.assert_close(single[0], out["logprobs"][0], rtol=1e-5, atol=1e-6)

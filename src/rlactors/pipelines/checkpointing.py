@@ -23,7 +23,6 @@ import numpy as np
 import ray
 import torch
 
-from rlactors.buffer import load_buffer_state, save_buffer_state
 from rlactors.trainer import checkpoint
 
 DRIVER_FILE = "driver.json"
@@ -39,7 +38,7 @@ def save_run(run) -> Path:
     run.actor.save_checkpoint(str(temp / "actor"), run.step)
     if run.critic is not None:
         run.critic.save_checkpoint(str(temp / "critic"), run.step)
-    save_buffer_state(ray.get(run.buffer.state_dict.remote()), temp / "buffer")
+    ray.get(run.buffer.save.remote(str(temp / "buffer")))  # written by the buffer: its groups skip the driver
     driver = {
         "step": run.step,
         "policy_version": run.policy_version,
@@ -69,7 +68,7 @@ def load_run(run, path: str | Path) -> None:
     run.actor.load_checkpoint(str(path / "actor"))
     if run.critic is not None:
         run.critic.load_checkpoint(str(path / "critic"))
-    ray.get(run.buffer.load_state_dict.remote(load_buffer_state(path / "buffer")))
+    ray.get(run.buffer.load.remote(str(path / "buffer")))
     driver = json.loads((path / DRIVER_FILE).read_text())
     run.step, run.policy_version = driver["step"], driver["policy_version"]
     run.dataset.load_state_dict(driver["dataset"])

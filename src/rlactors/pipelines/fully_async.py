@@ -100,7 +100,7 @@ def run_fully_async(config: Config, model_path: str | None = None) -> list[dict]
             start = time.perf_counter()
             sampled = next_batch(run, producer)
             waited = time.perf_counter()
-            batch, metrics = prepare_batch(run, sampled.groups)
+            batch, metrics = prepare_batch(run, sampled)
             metrics |= update(run, batch)
             ray.get(run.buffer.ack.remote(sampled.batch_id))
             updated = time.perf_counter()

@@ -6,7 +6,8 @@
     pool.metrics()                                # {"reward/num_errors": ..., "reward/num_timeouts": ...}
 
 Refs in, refs out: Ray resolves the group refs given as top-level arguments inside the actor, so
-the driver never fetches a group to score it and scoring overlaps with generation.
+the driver never fetches a group to score it and scoring overlaps with generation. Scored groups
+stay in the object store (`rlactors.transport`), whatever their size.
 
 Each actor owns one persistent worker subprocess that runs the scoring function (see `worker_main`).
 The actor sends it a batch and waits at most `timeout_s` for each sample's result. Past that it
@@ -40,6 +41,7 @@ import ray
 
 from rlactors.config import RewardConfig
 from rlactors.reward.scoring import check_score, default_compute_score, load_user_function, overlong_penalty
+from rlactors.transport import results_in_object_store
 from rlactors.types import Group, Sample
 
 logger = logging.getLogger(__name__)
@@ -299,7 +301,7 @@ class RewardPool:
         self.max_groups_per_call = config.max_groups_per_call
         custom_function = resolve_function_spec(config.custom_function)
         self.actors = [
-            RewardScorer.options(num_cpus=config.num_cpus_per_worker).remote(
+            RewardScorer.options(**results_in_object_store({"num_cpus": config.num_cpus_per_worker})).remote(
                 custom_function,
                 config.gsm8k_mode,
                 config.timeout_s,

@@ -1,9 +1,12 @@
 """Plain functions the rollout engine and router share: checking a prompt and its sampling settings,
-per-sample seeds, the Group that reports a failed request, and per-token policy versions."""
+per-sample seeds, the Group that reports a failed request, per-token policy versions, and the small
+summary of a finished Group that the router reads instead of the Group itself."""
 
 from __future__ import annotations
 
+import sys
 import zlib
+from dataclasses import dataclass
 
 from rlactors.config import SamplingConfig
 from rlactors.types import Group, PromptRequest, Sample
@@ -57,3 +60,33 @@ def error_group(request: PromptRequest, num_samples: int, message: str) -> Group
         for i in range(num_samples)
     ]
     return Group(request, samples)
+
+
+@dataclass
+class GroupSummary:
+    """What the driver reads of a finished Group: a few numbers per sample, no tokens or text.
+    The Group itself stays in the object store and travels as a ref to the scorers and the buffer."""
+
+    group_id: str
+    prompt_id: str
+    response_lengths: list[int]
+    finish_reasons: list[str]
+    policy_versions: list[int]  # the distinct versions of the group's tokens, ascending
+    error: str | None = None  # the first sample's rollout error, if any
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.response_lengths)
+
+    def __reduce__(self):
+        # One per group reaches the driver: positional fields pickle to half the bytes of a field dict.
+        return GroupSummary, (self.group_id, self.prompt_id, self.response_lengths, self.finish_reasons,
+                              self.policy_versions, self.error)
+
+
+def summarize_group(group: Group) -> GroupSummary:
+    errors = [s.error for s in group.samples if s.error]
+    # Interned, so pickle writes each distinct reason once and back-references the repeats.
+    reasons = [sys.intern(s.finish_reason) for s in group.samples]
+    return GroupSummary(group.group_id, group.prompt_id, [s.num_response_tokens for s in group.samples], reasons,
+                        group.policy_versions, errors[0] if errors else None)

@@ -22,6 +22,7 @@ Pure functions: torch only, no Ray, no config objects.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -120,6 +121,29 @@ class TrainBatch:
             scores=[self.scores[i] for i in indices] if self.scores else [],
             token_fields={name: [values[i] for i in indices] for name, values in self.token_fields.items()},
         )
+
+
+@dataclass
+class TrainBatchRef:
+    """A TrainBatch in the object store and what planning needs of it (`plan_mini_batches` reads
+    lengths only): the driver directs training with this and never holds the batch itself."""
+
+    ref: Any  # ObjectRef of a TrainBatch
+    sequence_lengths: list[int]
+    response_lengths: list[int]
+
+    def __len__(self) -> int:
+        return len(self.sequence_lengths)
+
+
+def rows_in_batch_order(per_rank_rows: list[list[tuple]], num_sequences: int, what: str) -> list[tuple]:
+    """Merge the ranks' (sequence index, ...) rows of a forward pass into batch order, checking that
+    each sequence came back exactly once."""
+    rows = sorted((row for rank_rows in per_rank_rows for row in rank_rows), key=lambda row: row[0])
+    if [row[0] for row in rows] != list(range(num_sequences)):
+        raise RuntimeError(f"{what}: ranks returned sequences {[r[0] for r in rows]}, "
+                           f"expected each of 0..{num_sequences - 1} once")
+    return rows
 
 
 def train_batch_from_groups(groups: list[Group]) -> TrainBatch:
