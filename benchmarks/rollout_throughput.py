@@ -58,7 +58,7 @@ def start_raw_engine(model_path: str, config: RolloutConfig, sampling: SamplingC
     os.environ.update(engine_env(platform, config.use_aiter, config.cpu_kv_cache_bytes))
     from vllm import LLM, SamplingParams
 
-    from rlactors.rollout.engine import engine_kwargs
+    from rlactors.rollout.vllm_args import engine_kwargs
 
     llm = LLM(**engine_kwargs(model_path, config, platform, default_dtype(platform), seed=0))
     params = SamplingParams(n=sampling.num_samples_per_prompt, temperature=sampling.temperature,

@@ -2,11 +2,19 @@
 
 Each step: generate a batch with the current weights (engines awake), put the engines to sleep,
 compute old/reference logprobs and advantages, update, publish the new weights, wake the engines.
+
+With `trainer.offload` the trainers take turns too (veRL's time-sharing of every device): they hold
+their state in host memory while the engines generate, so a step is generate -> engines sleep ->
+trainers onload -> logprobs/values, update -> export into the sleeping engines (weights woken,
+loaded) -> trainers offload -> engines wake the KV cache. Every actor logs these phases; the run
+writes them all to `phase_logs.json` at the end (`rlactors.phases`).
 """
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 import ray
 
@@ -23,6 +31,7 @@ from rlactors.pipelines.common import (
     sync_weights,
     update,
 )
+from rlactors.trainer.group import TrainerGroup
 
 
 def fill_batch(run: Run, batch_size: int):
@@ -38,9 +47,41 @@ def fill_batch(run: Run, batch_size: int):
             produce(run, batch_size)
 
 
+def trainers(run: Run) -> list[TrainerGroup]:
+    return [group for group in (run.actor, run.reference, run.critic) if group is not None]
+
+
+def onload_trainers(run: Run) -> dict[str, float]:
+    """Trainer state back onto the devices the sleeping engines freed."""
+    start = time.perf_counter()
+    for group in trainers(run):
+        group.onload()
+    return {"timing_s/onload": time.perf_counter() - start}
+
+
+def offload_trainers(run: Run) -> dict[str, float]:
+    """Trainer state to host memory, once the engines hold the new weights; rank 0's figures."""
+    start = time.perf_counter()
+    rank0 = [group.offload()[0] for group in trainers(run)]
+    metrics = {"timing_s/offload": time.perf_counter() - start,
+               "memory/trainer_offloaded_bytes": float(sum(entry["moved_bytes"] for entry in rank0))}
+    if "device_free_bytes" in rank0[-1]["memory"]:  # CUDA/ROCm: what the waking KV cache finds free
+        metrics["memory/device_free_after_offload_bytes"] = float(rank0[-1]["memory"]["device_free_bytes"])
+    return metrics
+
+
+def save_phase_logs(run: Run) -> Path:
+    """Every engine replica's and trainer rank's phase log, by role, as one JSON file."""
+    logs = {"engines": run.router.phase_logs(), **{group.role: group.phase_logs() for group in trainers(run)}}
+    path = run.output_dir / "phase_logs.json"
+    path.write_text(json.dumps(logs))
+    return path
+
+
 def run_colocated(config: Config, model_path: str | None = None) -> list[dict]:
     """Train `config.pipeline.num_steps` steps; returns the per-step metrics (also in metrics.jsonl)."""
-    run = build_run(config, model_path)
+    run = build_run(config, model_path)  # with trainer.offload the trainers start offloaded
+    offload = config.trainer.offload
     history = []
     try:
         logger = begin(run, history)
@@ -49,14 +90,18 @@ def run_colocated(config: Config, model_path: str | None = None) -> list[dict]:
             sampled = fill_batch(run, config.pipeline.batch_size_prompts)
             generated = time.perf_counter()
             run.router.sleep()  # frees KV cache and weights on GPU; only a state change on CPU
-            batch, metrics = prepare_batch(run, sampled.groups)
-            metrics |= update(run, batch)
+            onloaded = onload_trainers(run) if offload else {}
+            batch, metrics = prepare_batch(run, sampled)
+            metrics |= onloaded | update(run, batch)
             ray.get(run.buffer.ack.remote(sampled.batch_id))
             updated = time.perf_counter()
-            metrics |= sync_weights(run)  # loads the new weights into the sleeping engines
-            run.router.wake_up()
+            metrics |= sync_weights(run)  # wakes the sleeping engines' weights and loads the new ones
+            if offload:
+                metrics |= offload_trainers(run)  # the device is the engines' again
+            run.router.wake_up()  # the KV cache; generation resumes
             timings = {"step": time.perf_counter() - start, "gen": generated - start, "update": updated - generated}
             history.append(end_step(run, logger, sampled, metrics, timings))
+        save_phase_logs(run)
         finish(run, logger)
     finally:
         run.shutdown()

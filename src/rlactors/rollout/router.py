@@ -2,13 +2,18 @@
 
     router = RolloutRouter.create(model_path, rollout_config, max_restarts=1)
     router.ready()
-    for group in router.generate(requests, sampling):    # Groups in completion order
+    for summary, group_ref in router.generate_refs(requests, sampling):  # completion order
+        ...                                              # the Group stays in the object store
+    for group in router.generate(requests, sampling):    # the same, each Group fetched here
         ...
     router.update_weights(bucket_refs, policy_version)   # all live replicas
     router.health()                                      # one dict per replica
 
 A plain object, not an actor: it only moves object refs, and living in the driver means it dies
-with the run rather than holding requests nobody will collect.
+with the run rather than holding requests nobody will collect. Of each finished group it reads only
+the engine's `GroupSummary` (ids, lengths, finish reasons, versions); the Group is a streaming
+result of the engine call, so it belongs to the driver, sits in the object store of the engine's
+node (`rlactors.transport`) and stays readable if the engine dies after yielding it.
 
 Guarantees: every request yields exactly one Group. A replica that dies (or whose vLLM engine
 dies) mid-batch is marked dead and the requests it had not returned are re-sent to live replicas
@@ -27,7 +32,7 @@ import ray
 
 from rlactors.config import RolloutConfig
 from rlactors.rollout.engine import create_engine
-from rlactors.rollout.samples import SamplingArg, error_group
+from rlactors.rollout.samples import GroupSummary, SamplingArg, error_group, summarize_group
 from rlactors.types import Group, PromptRequest
 
 HEALTHY, DEAD, RESTARTING, LOADING = "healthy", "dead", "restarting", "loading"
@@ -45,9 +50,12 @@ class RolloutRouter:
         self._retry_at: dict[int, float] = {}  # restarting replica -> when to ask ready() again
 
     @classmethod
-    def create(cls, model_path: str, config: RolloutConfig, max_restarts: int = 0, **engine_options):
-        engines = [create_engine(model_path, config, max_restarts=max_restarts, **engine_options)
-                   for _ in range(config.num_engines)]
+    def create(cls, model_path: str, config: RolloutConfig, max_restarts: int = 0, placement=None, **engine_options):
+        """`config.num_engines` engines; `placement` (a `rlactors.placement.cluster.Placement`) puts
+        each in its bundles of the run's plan."""
+        engines = [create_engine(model_path, config, max_restarts=max_restarts, **engine_options,
+                                 placement_options=placement.engine_options(i) if placement is not None else None)
+                   for i in range(config.num_engines)]
         return cls(engines)
 
     # ---------------------------------------------------------------- replicas
@@ -131,7 +139,15 @@ class RolloutRouter:
 
     def generate(self, requests: list[PromptRequest], sampling: SamplingArg | list[SamplingArg] = None
                  ) -> Iterator[Group]:
-        """Yield one Group per request, in completion order, across the live replicas."""
+        """Yield one Group per request, in completion order, each fetched into this process (for
+        validation, notebooks, tests; a training step uses `generate_refs`)."""
+        refs = self.generate_refs(requests, sampling)  # requests are in flight from here on
+        return (ray.get(group_ref) for _, group_ref in refs)
+
+    def generate_refs(self, requests: list[PromptRequest], sampling: SamplingArg | list[SamplingArg] = None
+                      ) -> Iterator[tuple[GroupSummary, ray.ObjectRef]]:
+        """Yield (summary, ref of the Group) once per request, in completion order, across the live
+        replicas. Only the summary is read here; pass the ref on (scorers, buffer) unread."""
         settings = sampling if isinstance(sampling, list) else [sampling] * len(requests)
         if len(settings) != len(requests):
             raise ValueError(f"got {len(settings)} sampling settings for {len(requests)} requests")
@@ -151,12 +167,17 @@ class RolloutRouter:
         for slot, index in enumerate(live):
             share = outstanding[slot :: len(live)]
             if share:
-                stream = self.engines[index].generate.remote([r for r, _ in share], [s for _, s in share])
+                stream = self.engines[index].generate.remote([r for r, _ in share], [s for _, s in share],
+                                                             with_summaries=True)
                 streams[stream] = index
                 pending[stream] = {r.group_id: (r, s) for r, s in share}
         return [] if live else outstanding
 
-    def _collect(self, outstanding: list[tuple], pending: dict, streams: dict) -> Iterator[Group]:
+    def _collect(self, outstanding: list[tuple], pending: dict, streams: dict
+                 ) -> Iterator[tuple[GroupSummary, ray.ObjectRef]]:
+        # An engine streams each Group, then its summary: the summary confirms the Group before it
+        # (an engine that dies in between ends its stream with an error in the summary's place).
+        unconfirmed: dict = {}  # ObjectRefGenerator -> ref of the Group whose summary comes next
         while outstanding or streams:
             if outstanding:
                 outstanding = self._send(outstanding, pending, streams)
@@ -164,17 +185,20 @@ class RolloutRouter:
                 for request, sampling in outstanding:  # nobody can ever answer these
                     num_samples = getattr(sampling, "num_samples_per_prompt", None) or (
                         sampling.get("num_samples_per_prompt", 1) if isinstance(sampling, dict) else 1)
-                    yield error_group(request, num_samples, f"prompt_id={request.prompt_id!r}: no live rollout engine")
+                    group = error_group(request, num_samples, f"prompt_id={request.prompt_id!r}: no live rollout engine")
+                    yield summarize_group(group), ray.put(group)
                 outstanding = []
             if not streams:
                 self._poll_revivals(timeout_s=1.0)
                 continue
-            ready, _ = ray.wait(list(streams) + list(self._revivals.values()), num_returns=1, timeout=1.0)
+            # fetch_local=False: readiness only; a Group must not be copied to the driver's node.
+            ready, _ = ray.wait(list(streams) + list(self._revivals.values()), num_returns=1, timeout=1.0,
+                                fetch_local=False)
             self._poll_revivals(timeout_s=0)  # consume finished revivals, or the wait above spins
             for stream in [s for s in ready if s in streams]:
                 index = streams[stream]
                 try:
-                    group = ray.get(next(stream))
+                    confirmed = self._read(stream, unconfirmed)
                 except StopIteration:
                     del streams[stream]
                     outstanding += list(pending.pop(stream).values())  # an engine never drops one; defensive
@@ -187,12 +211,32 @@ class RolloutRouter:
                         self._mark_failed(index)
                     for lost_stream in [s for s, i in streams.items() if i == index]:
                         del streams[lost_stream]
+                        unconfirmed.pop(lost_stream, None)
                         lost = list(pending.pop(lost_stream).values())
                         self.num_resent += len(lost)
                         outstanding += lost
                 else:
-                    pending[stream].pop(group.group_id)
-                    yield group
+                    if confirmed is not None:
+                        summary, group_ref = confirmed
+                        pending[stream].pop(summary.group_id)
+                        yield summary, group_ref
+
+    @staticmethod
+    def _read(stream, unconfirmed: dict) -> tuple[GroupSummary, ray.ObjectRef] | None:
+        """Take the next item of an engine's stream: a Group's ref (kept unread), or the summary
+        that confirms it; returns both once the summary is in. Raises the engine's error, and
+        StopIteration at the end of the stream."""
+        try:
+            ref = next(stream)
+        except StopIteration:
+            last = unconfirmed.pop(stream, None)
+            if last is not None:
+                ray.get(last)  # a failed stream ends with its error in a Group's place: raise it
+            raise
+        if stream not in unconfirmed:
+            unconfirmed[stream] = ref
+            return None
+        return ray.get(ref), unconfirmed.pop(stream)
 
     # ---------------------------------------------------------------- weights, sleep, state
 
@@ -215,7 +259,14 @@ class RolloutRouter:
         ray.get([self.engines[i].sleep.remote() for i in self.live_replicas()])
 
     def wake_up(self) -> None:
+        """Wake whatever still sleeps: after `update_weights` on sleeping engines, the KV cache."""
         ray.get([self.engines[i].wake_up.remote() for i in self.live_replicas()])
+
+    def phase_logs(self) -> list[list[dict] | None]:
+        """Each replica's phase log (see `rlactors.phases`), None for replicas that are not live."""
+        live = self.live_replicas()
+        logs = dict(zip(live, ray.get([self.engines[i].phase_log.remote() for i in live]), strict=True))
+        return [logs.get(i) for i in range(len(self.engines))]
 
     def state_dict(self) -> dict:
         """The policy_version only; weights are the trainer's to resend after a restore."""

@@ -6,11 +6,17 @@
     ... advantages from the algorithm functions, `batch.set_padded_field("advantages", ...)` ...
     metrics = actor.update_policy(batch, temperature=1.0)
     refs, num_bytes = actor.export_weights()
+    actor.offload(); ...; actor.onload()   # colocated: host memory while the engines generate
 
 A plain driver-side object: it plans every call from the sequence lengths (mini-batches, one
 shard of sequences per rank, equal micro-batch counts; see `batch`), puts the batch into the
 object store once, fans the call out to all ranks and gathers the results back into batch order.
 Metrics are all-reduced by the ranks, so rank 0's are the group's.
+
+Every call also takes a `TrainBatchRef` (a batch already in the object store, with its lengths):
+then the batch never enters this process. `logprob_rows` and `value_rows` leave the ranks' results
+in the object store too (the ranks keep every result there, `rlactors.transport`), for the batch
+builder to merge; a training step on the driver moves refs and metrics only.
 """
 
 from __future__ import annotations
@@ -19,27 +25,38 @@ import ray
 import torch
 
 from rlactors.config import AlgorithmConfig, TrainerConfig
-from rlactors.trainer.batch import MiniBatchPlan, TrainBatch, plan_mini_batches
+from rlactors.placement.cluster import unplaced_options
+from rlactors.trainer.batch import (
+    MiniBatchPlan,
+    TrainBatch,
+    TrainBatchRef,
+    plan_mini_batches,
+    rows_in_batch_order,
+)
 from rlactors.trainer.worker import TrainerWorker
+from rlactors.transport import results_in_object_store
+
+BatchArg = TrainBatch | TrainBatchRef | ray.ObjectRef  # by value, in the object store with its lengths, or a bare ref
 
 
 class TrainerGroup:
     def __init__(self, role: str, model_path: str, trainer: TrainerConfig, algorithm: AlgorithmConfig | None = None,
-                 seed: int = 0, norm_tokens: int | None = None, use_gpu: bool | None = None):
+                 seed: int = 0, norm_tokens: int | None = None, placement=None):
         """Start `trainer.num_workers` ranks of `role` ("actor", "reference" or "critic") on the model
         folder `model_path`. `norm_tokens` is the constant of the `seq-mean-token-sum-norm` loss mode
-        (e.g. the maximum response length). `use_gpu=None` detects GPUs in the Ray cluster."""
+        (e.g. the maximum response length). `placement` (a `rlactors.placement.cluster.Placement`)
+        gives each rank its bundle and resources; without it each rank asks for a whole GPU when the
+        cluster has GPUs."""
         algorithm = algorithm or AlgorithmConfig()
         if algorithm.loss_agg_mode == "seq-mean-token-sum-norm" and (algorithm.loss_norm_tokens or norm_tokens) is None:
             raise ValueError("algorithm.loss_agg_mode 'seq-mean-token-sum-norm' needs algorithm.loss_norm_tokens "
                              "or the group's norm_tokens (e.g. the maximum response length)")
-        if use_gpu is None:
-            use_gpu = ray.cluster_resources().get("GPU", 0) > 0
         self.role, self.trainer = role, trainer
         self.num_workers = trainer.num_workers
-        options = dict(num_cpus=trainer.num_cpus_per_worker, num_gpus=1 if use_gpu else 0)
-        self.workers = [ray.remote(TrainerWorker).options(**options).remote(rank, self.num_workers, trainer.num_cpus_per_worker)
-                        for rank in range(self.num_workers)]
+        self.workers = [ray.remote(TrainerWorker).options(**results_in_object_store(
+            placement.trainer_options(role, rank) if placement is not None
+            else unplaced_options(trainer.num_cpus_per_worker, 1))).remote(rank, self.num_workers, trainer.num_cpus_per_worker)
+            for rank in range(self.num_workers)]
         try:
             master_addr, master_port = ray.get(self.workers[0].master_address.remote())
             # All ranks must enter setup together: init_process_group blocks until every rank joined.
@@ -50,38 +67,43 @@ class TrainerGroup:
                 ray.kill(worker)
             raise
 
-    def _plans(self, batch: TrainBatch, num_mini_batches: int) -> list[MiniBatchPlan]:
+    def _plans(self, batch: TrainBatchRef, num_mini_batches: int) -> list[MiniBatchPlan]:
         return plan_mini_batches(batch.sequence_lengths, batch.response_lengths, num_mini_batches, self.num_workers,
                                  self.trainer.max_tokens_per_micro_batch)
 
-    def _fan_out(self, method: str, batch: TrainBatch | ray.ObjectRef, num_mini_batches: int, *args) -> list:
-        """Call `method(batch_ref, this rank's plans, *args)` on every rank; results in rank order."""
+    @staticmethod
+    def _stored(batch: BatchArg) -> TrainBatchRef:
+        """The batch in the object store with its lengths: put here if given by value (a bare
+        ObjectRef is fetched first, since planning needs the lengths)."""
+        if isinstance(batch, TrainBatchRef):
+            return batch
         if isinstance(batch, ray.ObjectRef):
             batch = ray.get(batch)
+        return TrainBatchRef(ray.put(batch), batch.sequence_lengths, batch.response_lengths)
+
+    def _fan_out(self, method: str, batch: BatchArg, num_mini_batches: int, *args) -> list:
+        """Call `method(batch_ref, this rank's plans, *args)` on every rank; results in rank order."""
+        batch = self._stored(batch)
         if len(batch) == 0:
             raise ValueError(f"{self.role}.{method}: empty batch")
         plans = self._plans(batch, num_mini_batches)
-        batch_ref = ray.put(batch)
-        return ray.get([getattr(w, method).remote(batch_ref, [plan.for_rank(rank) for plan in plans], *args)
+        return ray.get([getattr(w, method).remote(batch.ref, [plan.for_rank(rank) for plan in plans], *args)
                         for rank, w in enumerate(self.workers)])
 
-    def _forward(self, method: str, batch: TrainBatch | ray.ObjectRef, *args) -> list:
-        """A forward-only pass: one mini-batch, results as (sequence index, ...) rows from all ranks."""
-        if isinstance(batch, ray.ObjectRef):
-            batch = ray.get(batch)
+    def _forward_refs(self, method: str, batch: TrainBatchRef, *args) -> list[ray.ObjectRef]:
+        """A forward-only pass over one mini-batch: one ref per rank of its (sequence index, ...) rows."""
         plan = self._plans(batch, 1)[0]
-        batch_ref = ray.put(batch)
-        results = ray.get([getattr(w, method).remote(batch_ref, plan.for_rank(rank), *args)
-                           for rank, w in enumerate(self.workers)])
-        rows = sorted((row for rank_rows in results for row in rank_rows), key=lambda row: row[0])
-        if [row[0] for row in rows] != list(range(len(batch))):
-            raise RuntimeError(f"{self.role}.{method}: ranks returned sequences {[r[0] for r in rows]}, "
-                               f"expected each of 0..{len(batch) - 1} once")
-        return rows
+        return [getattr(w, method).remote(batch.ref, plan.for_rank(rank), *args) for rank, w in enumerate(self.workers)]
+
+    def _forward(self, method: str, batch: BatchArg, *args) -> list:
+        """A forward-only pass: results as (sequence index, ...) rows from all ranks, in batch order."""
+        batch = self._stored(batch)
+        return rows_in_batch_order(ray.get(self._forward_refs(method, batch, *args)), len(batch),
+                                   f"{self.role}.{method}")
 
     # ----------------------------------------------------------------------------------------
 
-    def compute_logprobs(self, batch: TrainBatch | ray.ObjectRef, temperature: float = 1.0,
+    def compute_logprobs(self, batch: BatchArg, temperature: float = 1.0,
                          with_entropy: bool = False) -> dict[str, list[torch.Tensor]]:
         """Response-token logprobs (and entropies) of every sequence, in batch order:
         `{"logprobs": [...], "entropy": [...]}`. `temperature` is the sampling temperature."""
@@ -91,20 +113,30 @@ class TrainerGroup:
             out["entropy"] = [row[2] for row in rows]
         return out
 
-    def compute_values(self, batch: TrainBatch | ray.ObjectRef) -> list[torch.Tensor]:
+    def compute_values(self, batch: BatchArg) -> list[torch.Tensor]:
         """Critic values of every response token, in batch order."""
         return [row[1] for row in self._forward("compute_values", batch)]
 
-    def update_policy(self, batch: TrainBatch | ray.ObjectRef, temperature: float = 1.0) -> dict[str, float]:
+    def logprob_rows(self, batch: TrainBatchRef, temperature: float = 1.0, with_entropy: bool = False
+                     ) -> list[ray.ObjectRef]:
+        """`compute_logprobs` left in the object store: one ref per rank of its (sequence index,
+        logprobs, entropies or None) rows; `rows_in_batch_order` merges them where they are read."""
+        return self._forward_refs("compute_logprobs", batch, temperature, with_entropy)
+
+    def value_rows(self, batch: TrainBatchRef) -> list[ray.ObjectRef]:
+        """`compute_values` left in the object store: one ref per rank of its (sequence index, values) rows."""
+        return self._forward_refs("compute_values", batch)
+
+    def update_policy(self, batch: BatchArg, temperature: float = 1.0) -> dict[str, float]:
         """PPO update: `num_epochs` x `num_mini_batches` optimizer steps. Needs token fields
         `old_logprobs`, `advantages` (+ `ref_logprobs` with the KL loss, `rollout_logprobs` with TIS)."""
         return self._fan_out("update_policy", batch, self.trainer.num_mini_batches, temperature)[0]
 
-    def update_critic(self, batch: TrainBatch | ray.ObjectRef) -> dict[str, float]:
+    def update_critic(self, batch: BatchArg) -> dict[str, float]:
         """Value update; needs token fields `values` (at rollout time) and `returns`."""
         return self._fan_out("update_critic", batch, self.trainer.num_mini_batches)[0]
 
-    def sft_step(self, batch: TrainBatch | ray.ObjectRef) -> dict[str, float]:
+    def sft_step(self, batch: BatchArg) -> dict[str, float]:
         """Supervised NLL on response tokens: one optimizer step per mini-batch."""
         return self._fan_out("sft_step", batch, self.trainer.num_mini_batches)[0]
 
@@ -123,6 +155,19 @@ class TrainerGroup:
 
     def load_checkpoint(self, path: str) -> int:
         return ray.get([w.load_checkpoint.remote(str(path)) for w in self.workers])[0]
+
+    def offload(self) -> list[dict]:
+        """Every rank's parameters and optimizer state to host memory (colocated: while the engines
+        generate); per rank {"phase", "moved_bytes", "memory"}. Calling it again moves nothing."""
+        return ray.get([w.offload.remote() for w in self.workers])
+
+    def onload(self) -> list[dict]:
+        """Back onto the devices, before the next forward pass; the inverse of `offload`."""
+        return ray.get([w.onload.remote() for w in self.workers])
+
+    def phase_logs(self) -> list[list[dict]]:
+        """Each rank's phase log (see `rlactors.phases`), in rank order."""
+        return ray.get([w.phase_log.remote() for w in self.workers])
 
     def shutdown(self) -> None:
         ray.get([w.shutdown.remote() for w in self.workers])
