@@ -150,11 +150,15 @@ def test_partial_rollout_resumes_under_new_weights(engine, reference):
     model, tokenizer = reference
     old_version = _version(engine)
     old_model_state = {k: v.clone() for k, v in model.state_dict().items()}
-    requests = prompts(tokenizer, [f"question {i}:" for i in range(8)])
-    sampling = SamplingConfig(num_samples_per_prompt=4, max_response_tokens=LONG_TOKENS, ignore_eos=True, seed=3)
+    # 128 responses of LONG_TOKENS take ~1.4 s on a warm engine on an idle 2-core machine (32 took
+    # 0.45 s, within the wait below, so none was interrupted). A cold engine's first steps are
+    # slow enough that an update 0.3 s in finds no tokens yet: warm it first.
+    requests = prompts(tokenizer, [f"question {i}:" for i in range(16)])
+    collect(engine, requests[:2], SamplingConfig(num_samples_per_prompt=2, max_response_tokens=8, seed=1))
+    sampling = SamplingConfig(num_samples_per_prompt=8, max_response_tokens=LONG_TOKENS, ignore_eos=True, seed=3)
     stream = engine.generate.remote(requests, sampling)
     wait_until_generating(engine)
-    time.sleep(0.5)  # let responses get part-way (a test of labels, not of speed)
+    time.sleep(0.3)  # let responses get part-way (a test of labels, not of speed)
     new_version = old_version + 1
     perturb_and_send(engine, model, new_version, seed=2)
     groups = [ray.get(ref) for ref in stream]
