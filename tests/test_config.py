@@ -63,3 +63,11 @@ def test_yaml_file_errors_name_the_path(tmp_path):
     path.write_text("- not a mapping\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(path)
+
+
+def test_setting_one_validation_field_keeps_validation_greedy():
+    config = load_config(None, ["rollout.validation_sampling.max_response_tokens=4"])
+    validation = config.rollout.validation_sampling
+    assert (validation.max_response_tokens, validation.temperature, validation.num_samples_per_prompt) == (4, 0.0, 1)
+    assert config.rollout.sampling.temperature == 1.0 and config.rollout.sampling.num_samples_per_prompt == 8
+    assert load_config(None, ["rollout.validation_sampling.temperature=0.6"]).rollout.validation_sampling.temperature == 0.6

@@ -59,6 +59,14 @@ class SamplingConfig(_Section):
     )
 
 
+class ValidationSamplingConfig(SamplingConfig):
+    """Validation sampling: greedy, one response per prompt, unless set otherwise. Its own defaults
+    (not a default instance of SamplingConfig) so that setting one field keeps the others greedy."""
+
+    num_samples_per_prompt: int = Field(1, ge=1, description="Responses generated per validation prompt.")
+    temperature: float = Field(0.0, ge=0.0, description="Validation sampling temperature; 0 (greedy) by default.")
+
+
 class RolloutConfig(_Section):
     num_engines: int = Field(1, ge=1, description="vLLM engine replicas (data parallel).")
     tensor_parallel_size: int = Field(1, ge=1, description="Devices per engine (tensor parallel).")
@@ -97,9 +105,8 @@ class RolloutConfig(_Section):
         "resume", description="What happens to interrupted responses: continue from the partial response, or restart."
     )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Training-time sampling.")
-    validation_sampling: SamplingConfig = Field(
-        default_factory=lambda: SamplingConfig(num_samples_per_prompt=1, temperature=0.0),
-        description="Validation-time sampling (greedy by default).",
+    validation_sampling: ValidationSamplingConfig = Field(
+        default_factory=ValidationSamplingConfig, description="Validation-time sampling (greedy by default).",
     )
 
 
