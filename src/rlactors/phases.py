@@ -20,6 +20,8 @@ import resource
 import time
 from collections import deque
 
+PHASE_LOG_TIMEOUT_S = 60.0  # handing out a log is a copy of at most 1024 small dicts; past this the actor is stuck
+
 
 class PhaseLog:
     def __init__(self, max_entries: int = 1024):

@@ -37,6 +37,11 @@ from rlactors.synthetic import write_task
 from rlactors.trainer.batch import TrainBatchRef
 from rlactors.trainer.group import TrainerGroup
 from rlactors.types import PromptRequest
+from rlactors.waits import get_within
+
+# Assembling a batch and its advantages is bookkeeping on data already in the object store: seconds
+# even at scale; past this the builder is stuck.
+BUILDER_TIMEOUT_S = 600.0
 
 
 def init_ray() -> None:
@@ -202,14 +207,15 @@ def prepare_batch(run: Run, sampled: SampledBatchRef) -> tuple[TrainBatchRef, di
     batch builder assembles the batch and computes the advantages from the trainers' rows; the
     driver passes refs along and receives lengths and metrics (see `rlactors.pipelines.batch_builder`)."""
     algorithm, temperature = run.config.algorithm, run.config.rollout.sampling.temperature
-    batch = ray.get(run.builder.assemble.remote(sampled.groups_ref))
+    batch = get_within(run.builder.assemble.remote(sampled.groups_ref), BUILDER_TIMEOUT_S, "batch_builder.assemble")
     # One trainer after the other, as they would run with the rows fetched here: colocated roles
     # share devices, and three forward passes at once would need three times the activations.
     old_rows = finished(run.actor.logprob_rows(batch, temperature))
     ref_rows = finished(run.reference.logprob_rows(batch, temperature)) if run.reference is not None else None
     value_rows = finished(run.critic.value_rows(batch)) if algorithm.advantage == "gae" else None
     kl_coef = run.kl_controller.value if algorithm.use_kl_in_reward else None
-    batch, metrics, current_kl = ray.get(run.builder.finish.remote(batch.ref, old_rows, ref_rows, value_rows, kl_coef))
+    batch, metrics, current_kl = get_within(run.builder.finish.remote(batch.ref, old_rows, ref_rows, value_rows, kl_coef),
+                                            BUILDER_TIMEOUT_S, "batch_builder.finish")
     if current_kl is not None:
         run.kl_controller.update(current_kl, num_steps=len(batch))
         metrics |= {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_coef": run.kl_controller.value}

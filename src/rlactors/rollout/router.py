@@ -31,9 +31,11 @@ from collections.abc import Iterator
 import ray
 
 from rlactors.config import RolloutConfig
+from rlactors.phases import PHASE_LOG_TIMEOUT_S
 from rlactors.rollout.engine import create_engine
 from rlactors.rollout.samples import GroupSummary, SamplingArg, error_group, summarize_group
 from rlactors.types import Group, PromptRequest
+from rlactors.waits import get_within
 
 HEALTHY, DEAD, RESTARTING, LOADING = "healthy", "dead", "restarting", "loading"
 
@@ -265,7 +267,8 @@ class RolloutRouter:
     def phase_logs(self) -> list[list[dict] | None]:
         """Each replica's phase log (see `rlactors.phases`), None for replicas that are not live."""
         live = self.live_replicas()
-        logs = dict(zip(live, ray.get([self.engines[i].phase_log.remote() for i in live]), strict=True))
+        logs = dict(zip(live, get_within([self.engines[i].phase_log.remote() for i in live], PHASE_LOG_TIMEOUT_S,
+                                         "rollout engines' phase_log"), strict=True))
         return [logs.get(i) for i in range(len(self.engines))]
 
     def state_dict(self) -> dict:

@@ -25,6 +25,7 @@ import ray
 import torch
 
 from rlactors.config import AlgorithmConfig, TrainerConfig
+from rlactors.phases import PHASE_LOG_TIMEOUT_S
 from rlactors.placement.cluster import unplaced_options
 from rlactors.trainer.batch import (
     MiniBatchPlan,
@@ -35,6 +36,7 @@ from rlactors.trainer.batch import (
 )
 from rlactors.trainer.worker import TrainerWorker
 from rlactors.transport import results_in_object_store
+from rlactors.waits import get_within
 
 BatchArg = TrainBatch | TrainBatchRef | ray.ObjectRef  # by value, in the object store with its lengths, or a bare ref
 
@@ -167,7 +169,7 @@ class TrainerGroup:
 
     def phase_logs(self) -> list[list[dict]]:
         """Each rank's phase log (see `rlactors.phases`), in rank order."""
-        return ray.get([w.phase_log.remote() for w in self.workers])
+        return get_within([w.phase_log.remote() for w in self.workers], PHASE_LOG_TIMEOUT_S, f"{self.role} ranks' phase_log")
 
     def shutdown(self) -> None:
         ray.get([w.shutdown.remote() for w in self.workers])
