@@ -23,7 +23,7 @@ import torch
 
 from rlactors import algorithms
 from rlactors.buffer import ReplayBuffer
-from rlactors.buffer_records import SampledBatchRef
+from rlactors.buffer.records import SampledBatchRef
 from rlactors.config import Config, dump_config
 from rlactors.data import PromptDataset, read_parquet_rows, to_request
 from rlactors.metrics import MetricsLogger, plot_metrics

@@ -17,7 +17,7 @@ import time
 
 import ray
 
-from rlactors.buffer_records import capacity_groups
+from rlactors.buffer.records import capacity_groups
 from rlactors.config import Config
 from rlactors.pipelines.common import (
     Run,

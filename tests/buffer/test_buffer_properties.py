@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from rlactors.buffer import load_buffer_state, save_buffer_state
-from rlactors.buffer_core import BufferCore
-from rlactors.buffer_records import TERMINAL, DynamicSamplingExhausted, capacity_groups
+from rlactors.buffer.core import BufferCore
+from rlactors.buffer.records import TERMINAL, DynamicSamplingExhausted, capacity_groups
 from rlactors.types import Group, PromptRequest, Sample
 
 NUM_PROMPT_IDS = 12

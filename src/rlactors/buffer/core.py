@@ -1,6 +1,6 @@
 """The replay buffer's accounting, as a plain Python class (no Ray, no waiting).
 
-`BufferCore` decides; the `ReplayBuffer` actor (rlactors.buffer) wraps it and turns "not now" into
+`BufferCore` decides; the `ReplayBuffer` actor (rlactors.buffer.replay) wraps it and turns "not now" into
 waiting. Every method either completes or returns an empty result; none blocks.
 
 A prompt is tracked per (epoch, prompt_id) through these statuses:
@@ -25,7 +25,7 @@ import dataclasses
 from collections import Counter, deque
 from typing import Literal
 
-from rlactors.buffer_records import (
+from rlactors.buffer.records import (
     PUT_OUTCOMES,
     TERMINAL,
     DynamicSamplingExhausted,

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlactors.buffer import load_buffer_state, save_buffer_state
-from rlactors.buffer_core import BufferCore
-from rlactors.buffer_records import PUT_OUTCOMES, DynamicSamplingExhausted, capacity_groups
+from rlactors.buffer.core import BufferCore
+from rlactors.buffer.records import PUT_OUTCOMES, DynamicSamplingExhausted, capacity_groups
 from rlactors.config import BufferConfig
 from rlactors.types import Group, PromptRequest, Sample
 

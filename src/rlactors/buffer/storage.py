@@ -1,0 +1,142 @@
+"""The replay buffer's checkpoint files: its state dict as parquet tables (ledger.parquet carries the
+scalars). Plain functions, called inside the buffer actor (`ReplayBuffer.save`/`load`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rlactors.types import Group, PromptRequest, Sample
+
+_INTS = pa.list_(pa.int64())
+_REQUEST_FIELDS = [
+    ("prompt_id", pa.string()), ("group_id", pa.string()), ("prompt_token_ids", _INTS),
+    ("data_source", pa.string()), ("ground_truth", pa.string()), ("extra_info", pa.string()),
+]
+_SAMPLE = pa.struct([
+    ("prompt_id", pa.string()), ("sample_index", pa.int64()), ("prompt_token_ids", _INTS),
+    ("response_token_ids", _INTS), ("response_logprobs", pa.list_(pa.float64())),
+    ("token_policy_versions", _INTS), ("finish_reason", pa.string()), ("error", pa.string()),
+    ("text", pa.string()), ("score", pa.float64()), ("score_details", pa.string()), ("score_error", pa.string()),
+])
+REQUESTS_SCHEMA = pa.schema([("epoch", pa.int64()), *_REQUEST_FIELDS])
+GROUPS_SCHEMA = pa.schema([("batch_id", pa.int64()), ("epoch", pa.int64()), *_REQUEST_FIELDS,
+                           ("samples", pa.list_(_SAMPLE))])
+LEDGER_SCHEMA = pa.schema([
+    ("epoch", pa.int64()), ("prompt_id", pa.string()), ("status", pa.string()), ("group_id", pa.string()),
+    ("num_attempts", pa.int64()), ("num_evictions", pa.int64()), ("reason", pa.string()),
+    ("batch_id", pa.int64()), ("policy_version", pa.int64()), ("staleness", pa.int64()),
+])
+EVENTS_SCHEMA = pa.schema([
+    ("kind", pa.string()), ("epoch", pa.int64()), ("prompt_id", pa.string()), ("group_id", pa.string()),
+    ("policy_version", pa.int64()), ("staleness", pa.int64()), ("reason", pa.string()),
+])
+_META_KEY = b"rlactors.buffer"
+
+
+def _json_text(value, where: str) -> str:
+    """JSON for a free-form dict, refusing values JSON would not give back identically."""
+
+    def check(item, path: str) -> None:
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    raise ValueError(f"{where}{path}: key {key!r} is not a string; it would not round-trip")
+                check(child, f"{path}.{key}")
+        elif isinstance(item, list):
+            for i, child in enumerate(item):
+                check(child, f"{path}[{i}]")
+        elif item is not None and type(item) not in (bool, int, float, str):
+            raise ValueError(f"{where}{path}: {type(item).__name__} value {item!r} cannot be saved exactly")
+
+    check(value, "")
+    return json.dumps(value)
+
+
+def _request_row(request: PromptRequest, where: str) -> dict:
+    return dict(prompt_id=request.prompt_id, group_id=request.group_id, prompt_token_ids=request.prompt_token_ids,
+                data_source=request.data_source, ground_truth=request.ground_truth,
+                extra_info=_json_text(request.extra_info, f"{where} extra_info"))
+
+
+def _group_row(group: Group, epoch: int, batch_id: int) -> dict:
+    where = f"prompt_id {group.prompt_id!r} group_id {group.group_id!r}"
+    samples = [
+        dict(s.__dict__, score_details=_json_text(s.score_details, f"{where} sample {s.sample_index} score_details"))
+        for s in group.samples
+    ]
+    return dict(batch_id=batch_id, epoch=epoch, **_request_row(group.request, where), samples=samples)
+
+
+def _request_from(row: dict) -> PromptRequest:
+    fields = {name: row[name] for name, _ in _REQUEST_FIELDS}
+    return PromptRequest(**fields | {"extra_info": json.loads(row["extra_info"])})
+
+
+def _group_from(row: dict) -> Group:
+    samples = [Sample(**s | {"score_details": json.loads(s["score_details"])}) for s in row["samples"]]
+    return Group(_request_from(row), samples)
+
+
+def _table(rows: list[dict], schema: pa.Schema, what: str) -> pa.Table:
+    try:
+        return pa.Table.from_pylist(rows, schema=schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
+        for row in rows:  # find the row to name
+            try:
+                pa.Table.from_pylist([row], schema=schema)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as error:
+                raise ValueError(f"{what}: prompt_id {row.get('prompt_id')!r}: {error}") from None
+        raise
+
+
+def save_buffer_state(state: dict, path: str | Path) -> None:
+    """Write `ReplayBuffer.state_dict()` as a folder of parquet files, replacing `path` atomically
+    (a crash mid-write leaves the previous folder in place)."""
+    path = Path(path)
+    scratch = path.with_name(path.name + ".writing")
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    requests = [dict(epoch=epoch, **_request_row(r, f"prompt_id {r.prompt_id!r}")) for epoch, r in state["requests"]]
+    groups = [_group_row(group, epoch, -1) for epoch, group in state["queue"]]
+    for batch in state["unacked"]:
+        groups += [_group_row(g, e, batch["batch_id"]) for g, e in zip(batch["groups"], batch["epochs"], strict=True)]
+    scalars = {k: v for k, v in state.items() if k not in ("entries", "requests", "queue", "events")}
+    scalars["unacked"] = [{k: v for k, v in b.items() if k not in ("groups", "epochs")} for b in state["unacked"]]
+    ledger = _table(state["entries"], LEDGER_SCHEMA, "ledger")
+    pq.write_table(ledger.replace_schema_metadata({_META_KEY: json.dumps(scalars)}), scratch / "ledger.parquet")
+    pq.write_table(_table(requests, REQUESTS_SCHEMA, "requests"), scratch / "requests.parquet")
+    pq.write_table(_table(groups, GROUPS_SCHEMA, "groups"), scratch / "groups.parquet")
+    pq.write_table(_table(state["events"], EVENTS_SCHEMA, "events"), scratch / "events.parquet")
+    previous = path.with_name(path.name + ".previous")
+    if path.exists():
+        os.replace(path, previous)
+    os.replace(scratch, path)
+    shutil.rmtree(previous, ignore_errors=True)
+
+
+def load_buffer_state(path: str | Path) -> dict:
+    """Read a folder written by `save_buffer_state` back into a state dict."""
+    path = Path(path)
+    if not (path / "ledger.parquet").exists() and path.with_name(path.name + ".previous").exists():
+        path = path.with_name(path.name + ".previous")  # a crash hit between the two renames
+    ledger = pq.read_table(path / "ledger.parquet")
+    state = json.loads(ledger.schema.metadata[_META_KEY])
+    state["entries"] = ledger.to_pylist()
+    state["requests"] = [(row["epoch"], _request_from(row)) for row in pq.read_table(path / "requests.parquet").to_pylist()]
+    state["events"] = pq.read_table(path / "events.parquet").to_pylist()
+    batches = {b["batch_id"]: b | {"groups": [], "epochs": []} for b in state["unacked"]}
+    state["queue"] = []
+    for row in pq.read_table(path / "groups.parquet").to_pylist():
+        if row["batch_id"] < 0:
+            state["queue"].append((row["epoch"], _group_from(row)))
+        else:
+            batches[row["batch_id"]]["groups"].append(_group_from(row))
+            batches[row["batch_id"]]["epochs"].append(row["epoch"])
+    state["unacked"] = list(batches.values())
+    return state
