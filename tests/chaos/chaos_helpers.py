@@ -1,0 +1,96 @@
+"""What every chaos scenario checks after its fault: nothing lost, nothing left behind.
+
+    before = leftover_processes()
+    ... run with a fault injected ...
+    assert_no_leftovers(before)                   # no vLLM engine core, reward worker, actor or PG left
+    assert_each_prompt_once(ledger_rows, prompt_ids)  # trained exactly once or dropped with a reason
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+
+import psutil
+import pyarrow.parquet as pq
+
+# Command-line fragments of the processes a run starts outside Ray's own actor workers.
+ENGINE_CORE_MARKERS = ("VLLM::EngineCore", "EngineCore_")
+REWARD_WORKER_MARKER = "rlactors.reward.scorer import worker_main"
+
+
+def _describe(process: psutil.Process) -> str | None:
+    try:
+        return " ".join(process.cmdline()) or process.name()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+
+
+def leftover_processes() -> dict[int, str]:
+    """pid -> command line of every live vLLM engine-core process and reward worker on this machine."""
+    found = {}
+    for process in psutil.process_iter():
+        text = _describe(process)
+        if text and (any(m in text for m in ENGINE_CORE_MARKERS) or REWARD_WORKER_MARKER in text):
+            try:
+                if process.status() != psutil.STATUS_ZOMBIE:
+                    found[process.pid] = text[:200]
+            except psutil.NoSuchProcess:
+                continue
+    return found
+
+
+def live_actors(class_names: tuple[str, ...] = ("RolloutEngine", "TrainerWorker", "ReplayBuffer", "RewardScorer",
+                                                "BatchBuilder")) -> list[dict]:
+    """The run's actors Ray still reports alive (or restarting) in the current cluster."""
+    from ray.util.state import list_actors
+
+    return [actor for actor in list_actors(limit=10_000, raise_on_missing_output=False)
+            if actor.state in ("ALIVE", "PENDING_CREATION", "RESTARTING")
+            and any(name in (actor.class_name or "") for name in class_names)]
+
+
+def live_placement_groups() -> list[dict]:
+    import ray
+
+    return [pg for pg in ray.util.placement_group_table().values() if pg["state"] != "REMOVED"]
+
+
+def assert_no_leftovers(before: dict[int, str] | None = None, timeout_s: float = 30.0) -> None:
+    """Within `timeout_s`: no engine core or reward worker beyond those in `before`, no run actor,
+    no placement group. Names what is left."""
+    before = before or {}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        processes = {pid: text for pid, text in leftover_processes().items() if pid not in before}
+        actors = [f"{a.class_name} ({a.state}, pid {a.pid})" for a in live_actors()]
+        groups = [pg["placement_group_id"] for pg in live_placement_groups()]
+        if not (processes or actors or groups):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"left after the run: processes {processes}, actors {actors}, placement groups {groups}")
+        time.sleep(0.5)
+
+
+def checkpoint_ledger(output_dir: str | Path) -> list[dict]:
+    """The ledger rows of the run's latest checkpoint (`buffer/ledger.parquet`)."""
+    root = Path(output_dir) / "checkpoints"
+    latest = root / (root / "latest").read_text().strip()
+    return pq.read_table(latest / "buffer" / "ledger.parquet").to_pylist()
+
+
+def assert_each_prompt_once(ledger: list[dict], prompt_ids: set[str] | None = None) -> Counter:
+    """Every (epoch, prompt_id) in the ledger ends trained or dropped-with-a-reason, exactly one row
+    each, and (if given) every prompt in `prompt_ids` appears in some epoch. Returns the status counts."""
+    keys = Counter((row["epoch"], row["prompt_id"]) for row in ledger)
+    duplicated = [key for key, count in keys.items() if count > 1]
+    assert not duplicated, f"ledger rows repeated for {duplicated[:5]}"
+    for row in ledger:
+        assert row["status"] in ("trained", "dropped", "pending", "reserved", "queued", "sampled"), row
+        if row["status"] == "dropped":
+            assert row["reason"], f"prompt_id={row['prompt_id']!r} dropped without a reason"
+    if prompt_ids is not None:
+        missing = prompt_ids - {row["prompt_id"] for row in ledger}
+        assert not missing, f"prompts missing from the ledger: {sorted(missing)[:5]}"
+    return Counter(row["status"] for row in ledger)
