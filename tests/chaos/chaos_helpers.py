@@ -1,8 +1,8 @@
 """What every chaos scenario checks after its fault: nothing lost, nothing left behind.
 
-    before = leftover_processes()
+    before = leftover_processes()                 # a Snapshot: what was there already
     ... run with a fault injected ...
-    assert_no_leftovers(before)                   # no vLLM engine core, reward worker, actor or PG left
+    assert_no_leftovers(before)                   # no new vLLM engine core, reward worker, actor or PG left
     assert_each_prompt_once(ledger_rows, prompt_ids)  # trained exactly once or dropped with a reason
 """
 
@@ -27,9 +27,20 @@ def _describe(process: psutil.Process) -> str | None:
         return None
 
 
-def leftover_processes() -> dict[int, str]:
-    """pid -> command line of every live vLLM engine-core process and reward worker on this machine."""
-    found = {}
+class Snapshot(dict):
+    """pid -> command line of the engine cores and reward workers alive when it was taken, plus the
+    ids of the Ray actors and placement groups alive then (`assert_no_leftovers` ignores those)."""
+
+    actor_ids: frozenset = frozenset()
+    placement_group_ids: frozenset = frozenset()
+
+
+def leftover_processes() -> Snapshot:
+    """A `Snapshot` now: every live vLLM engine-core process and reward worker on this machine,
+    and (when Ray is initialised) the live actors and placement groups of the current cluster."""
+    import ray
+
+    found = Snapshot()
     for process in psutil.process_iter():
         text = _describe(process)
         if text and (any(m in text for m in ENGINE_CORE_MARKERS) or REWARD_WORKER_MARKER in text):
@@ -38,17 +49,21 @@ def leftover_processes() -> dict[int, str]:
                     found[process.pid] = text[:200]
             except psutil.NoSuchProcess:
                 continue
+    if ray.is_initialized():
+        found.actor_ids = frozenset(actor["ActorID"] for actor in live_actors())
+        found.placement_group_ids = frozenset(pg["placement_group_id"] for pg in live_placement_groups())
     return found
 
 
 def live_actors(class_names: tuple[str, ...] = ("RolloutEngine", "TrainerWorker", "ReplayBuffer", "RewardScorer",
                                                 "BatchBuilder")) -> list[dict]:
-    """The run's actors Ray still reports alive (or restarting) in the current cluster."""
-    from ray.util.state import list_actors
+    """The run's actors the cluster's control store still has alive, starting or restarting (read
+    from the GCS directly: the state API needs the dashboard, which the tests do not start)."""
+    from ray._private.state import actors
 
-    return [actor for actor in list_actors(limit=10_000, raise_on_missing_output=False)
-            if actor.state in ("ALIVE", "PENDING_CREATION", "RESTARTING")
-            and any(name in (actor.class_name or "") for name in class_names)]
+    return [actor for actor in actors().values()
+            if actor["State"] in ("DEPENDENCIES_UNREADY", "PENDING_CREATION", "ALIVE", "RESTARTING")
+            and any(name in actor["ActorClassName"] for name in class_names)]
 
 
 def live_placement_groups() -> list[dict]:
@@ -57,15 +72,17 @@ def live_placement_groups() -> list[dict]:
     return [pg for pg in ray.util.placement_group_table().values() if pg["state"] != "REMOVED"]
 
 
-def assert_no_leftovers(before: dict[int, str] | None = None, timeout_s: float = 30.0) -> None:
-    """Within `timeout_s`: no engine core or reward worker beyond those in `before`, no run actor,
-    no placement group. Names what is left."""
-    before = before or {}
+def assert_no_leftovers(before: Snapshot | None = None, timeout_s: float = 30.0) -> None:
+    """Within `timeout_s`: no engine core, reward worker, run actor or placement group beyond those
+    in `before`. Names what is left."""
+    before = before if before is not None else Snapshot()
     deadline = time.monotonic() + timeout_s
     while True:
         processes = {pid: text for pid, text in leftover_processes().items() if pid not in before}
-        actors = [f"{a.class_name} ({a.state}, pid {a.pid})" for a in live_actors()]
-        groups = [pg["placement_group_id"] for pg in live_placement_groups()]
+        actors = [f"{a['ActorClassName']} ({a['State']}, pid {a['Pid']})" for a in live_actors()
+                  if a["ActorID"] not in before.actor_ids]
+        groups = [pg["placement_group_id"] for pg in live_placement_groups()
+                  if pg["placement_group_id"] not in before.placement_group_ids]
         if not (processes or actors or groups):
             return
         if time.monotonic() > deadline:
