@@ -152,7 +152,12 @@ class BufferConfig(_Section):
         "score", description="Metric whose zero variance rejects a group."
     )
     max_generation_rounds: int = Field(
-        10, ge=1, description="Most generation rounds spent filling one training batch under dynamic sampling."
+        10, ge=1, description="Most generation rounds spent filling one training batch under dynamic sampling; "
+        "also, rounds in which every group failed in rollout before the run stops with the latest error."
+    )
+    ledger_flush_rows: int = Field(
+        10_000, ge=1, description="Finished ledger rows and events the buffer holds in memory before appending "
+        "them to the run's ledger log (output_dir/ledger); a checkpoint appends whatever is waiting."
     )
 
 

@@ -3,16 +3,23 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlactors.buffer import load_buffer_state, save_buffer_state
+from rlactors.buffer import LedgerLog, load_buffer_state, read_checkpoint_ledger, save_buffer_state
 from rlactors.buffer.core import BufferCore
-from rlactors.buffer.records import PUT_OUTCOMES, DynamicSamplingExhausted, capacity_groups
+from rlactors.buffer.records import (
+    PUT_OUTCOMES,
+    DynamicSamplingExhausted,
+    RolloutErrorsExhausted,
+    capacity_groups,
+)
 from rlactors.config import BufferConfig
+from rlactors.rollout.samples import error_group
 from rlactors.types import Group, PromptRequest, Sample
 
 
@@ -34,7 +41,8 @@ def outcome(**counts) -> dict[str, int]:
 
 
 def status_of(core: BufferCore, prompt_id: str, epoch: int = 0):
-    return core.entries[(epoch, prompt_id)]
+    """The ledger row, in flight (in memory) or finished (from the ledger log)."""
+    return next(e for e in core.ledger(epoch) if e.prompt_id == prompt_id)
 
 
 # -- backpressure and staleness ------------------------------------------------------------------
@@ -68,7 +76,7 @@ def test_stale_groups_are_evicted_and_their_prompts_reissued_first():
     core.put([make_group(requests[0], 0), make_group(requests[1], 1)])
     assert core.sample(1, current_version=2).groups[0].prompt_id == "p1"  # p0 is 2 versions old
     assert status_of(core, "p0").status == "pending" and status_of(core, "p0").num_evictions == 1
-    assert core.events[-1] | {} == dict(kind="evicted_stale", epoch=0, prompt_id="p0", group_id="p0#0.0",
+    assert core.event_log()[-1] == dict(kind="evicted_stale", epoch=0, prompt_id="p0", group_id="p0#0.0",
                                         policy_version=2, staleness=2, reason="")
     again = core.reserve(1, "a")
     assert [(r.prompt_id, r.group_id) for r in again] == [("p0", "p0#0.1")]  # before fresh p2
@@ -84,7 +92,7 @@ def test_on_stale_drop_and_reissue_limit_record_the_reason():
         assert core.put([make_group(core.reserve(1)[0], 0)]) == outcome(stale=1)  # stale on arrival
         entry = status_of(core, "p0")
         assert (entry.status, entry.reason) == ("dropped", reason)
-        assert [e["kind"] for e in core.events] == ["evicted_stale", "dropped"]
+        assert [e["kind"] for e in core.event_log()] == ["evicted_stale", "dropped"]
 
 
 def test_policy_version_cannot_go_back():
@@ -160,7 +168,62 @@ def test_rollout_errors_are_dropped_with_the_error():
     core = BufferCore(capacity_groups=4, max_staleness=0)
     core.add_prompts(prompts(1))
     assert core.put([make_group(core.reserve(1)[0], 0, error="prompt too long")]) == outcome(rollout_error=1)
-    assert status_of(core, "p0").reason == "rollout_error: prompt too long"
+    assert status_of(core, "p0").reason == "rollout_error: prompt_id 'p0': prompt too long"
+
+
+def test_a_group_whose_every_sample_failed_is_dropped_and_reported_with_the_next_batch():
+    """A prompt the engine refused comes back as `error_group`: no sample carries a policy version."""
+    core = BufferCore(capacity_groups=4, max_staleness=0)
+    core.add_prompts(prompts(3))
+    refused, *good = core.reserve(3)
+    group = error_group(refused, 2, f"prompt_id={refused.prompt_id!r}: prompt is longer than max_model_len")
+    assert core.put([group, *(make_group(r, 0) for r in good)]) == outcome(rollout_error=1, kept=2)
+    entry = status_of(core, "p0")
+    assert (entry.status, entry.reason) == ("dropped", "rollout_error: prompt_id='p0': prompt is longer than max_model_len")
+    assert core.event_log()[-1]["kind"] == "dropped" and core.event_log()[-1]["prompt_id"] == "p0"
+    assert core.metrics()["num_dropped_rollout_error"] == 1 and core.is_done() is False
+    batch = core.sample(2, 0)
+    assert [g.prompt_id for g in batch.groups] == ["p1", "p2"]
+    assert batch.num_dropped == {"rollout_error": 1, "zero_variance": 0, "stale": 0}
+    core.ack(batch.batch_id)
+    core.add_prompts(prompts(2, start=3))
+    core.put([make_group(r, 0) for r in core.reserve(2)])
+    assert core.sample(2, 0).num_dropped == {"rollout_error": 0, "zero_variance": 0, "stale": 0}  # counted once
+
+
+def test_rollout_errors_alone_for_the_generation_rounds_stop_with_the_latest_error():
+    core = BufferCore(capacity_groups=2, max_staleness=0, max_generation_rounds=2)
+    core.add_prompts(prompts(6))
+    for _ in range(2):
+        assert core.sample(2, 0) is None
+        core.put([error_group(r, 2, f"prompt_id={r.prompt_id!r}: no live rollout engine") for r in core.reserve(2)])
+    with pytest.raises(RolloutErrorsExhausted, match=r"last 4 groups .* all failed .*prompt_id='p3': no live rollout"):
+        core.sample(2, 0)
+
+
+def test_a_finished_prompt_is_refused_again_in_its_epoch_and_epochs_go_in_order(tmp_path):
+    core = BufferCore(capacity_groups=2, max_staleness=0, log=LedgerLog(tmp_path / "ledger", flush_rows=1))
+    core.add_prompts(prompts(2))
+    core.put([make_group(r, 0) for r in core.reserve(2)])
+    core.ack(core.sample(2, 0).batch_id)
+    assert not core.entries  # the finished rows left memory for the log
+    with pytest.raises(ValueError, match="prompt_id 'p1' added twice in epoch 0"):
+        core.add_prompts(prompts(1, start=1))
+    core.add_prompts(prompts(1, start=1), epoch=1)
+    with pytest.raises(ValueError, match="epoch 0 is over: prompts of epoch 1 were added already"):
+        core.add_prompts(prompts(1, start=5), epoch=0)
+    core.put([make_group(r, 0) for r in core.reserve(1)])
+    core.close()
+    core.ack(core.sample(2, 0).batch_id)
+    save_buffer_state(core.state_dict(), tmp_path / "buffer")
+    resumed = BufferCore(capacity_groups=2, max_staleness=0, log=LedgerLog(tmp_path / "ledger"))
+    resumed.closed = False
+    resumed.load_state_dict(load_buffer_state(tmp_path / "buffer"))
+    resumed.closed = False  # as if more prompts could come: the refusal survives the restart
+    with pytest.raises(ValueError, match="prompt_id 'p1' added twice in epoch 1"):
+        resumed.add_prompts(prompts(1, start=1), epoch=1)
+    assert [(e.epoch, e.prompt_id, e.status) for e in resumed.ledger()] == [
+        (0, "p0", "trained"), (0, "p1", "trained"), (1, "p1", "trained")]
 
 
 def test_ack_records_training_once_and_nack_puts_groups_back_in_order():
@@ -251,44 +314,107 @@ def test_values_json_would_change_are_refused_with_the_prompt_named(tmp_path):
         save_buffer_state(core.state_dict(), tmp_path / "buffer")
 
 
-def simulate(core: BufferCore, num_steps: int, checkpoint_at: int | None = None, folder=None) -> BufferCore:
-    """A deterministic async-style loop: a producer keeps reservations in flight across steps and
-    puts groups generated at the current version; the trainer samples, acks and bumps the
-    version. With `checkpoint_at`, the run saves its buffer there and resumes from the files
-    (the producer's reservations are lost with it)."""
+def simulate_step(core: BufferCore, step: int, held: list[PromptRequest]) -> list[PromptRequest]:
+    """One step of a deterministic async-style loop: a producer keeps reservations in flight across
+    steps and puts groups generated at the current version; the trainer samples, acks and bumps
+    the version. Returns the reservations still held."""
+    version = core.policy_version
+    held = held + core.reserve(core.capacity_groups, "producer")
+    ready, held = held[: len(held) // 2 + 1], held[len(held) // 2 + 1:]
+    core.put([make_group(r, version - (step % 2), (0.0, float(len(r.prompt_id) % 2 or step % 3 == 0)))
+              for r in ready])
+    batch = core.sample(3, version + 1) if step % 3 else None
+    if batch is not None:
+        core.ack(batch.batch_id)
+    return held
+
+
+def simulate(core: BufferCore, num_steps: int, checkpoint_at: int | None = None, folder=None,
+             num_lost_steps: int = 0) -> BufferCore:
+    """`simulate_step` `num_steps` times. With `checkpoint_at`, the run saves its buffer there,
+    goes on for `num_lost_steps` steps (appending to the ledger log under `folder`) and is
+    killed; it resumes from the files with a new buffer on the same log folder (the producer's
+    reservations are lost with it)."""
     options = dict(capacity_groups=core.capacity_groups, max_staleness=core.max_staleness,
                    dynamic_sampling=core.dynamic_sampling)
     held: list[PromptRequest] = []
     for step in range(num_steps):
         if step == checkpoint_at:
             save_buffer_state(core.state_dict(), folder / "buffer")
-            core, held = BufferCore(**options), []
+            cut = core.log.cut_without_flush()
+            for lost in range(num_lost_steps):
+                held = simulate_step(core, step + lost, held)
+            assert core.log.num_segments > cut["num_segments"] or not num_lost_steps  # rows past the cut
+            core, held = BufferCore(**options, log=LedgerLog(folder / "ledger")), []
             core.load_state_dict(load_buffer_state(folder / "buffer"))
-        version = core.policy_version
-        held += core.reserve(core.capacity_groups, "producer")
-        ready, held = held[: len(held) // 2 + 1], held[len(held) // 2 + 1:]
-        core.put([make_group(r, version - (step % 2), (0.0, float(len(r.prompt_id) % 2 or step % 3 == 0)))
-                  for r in ready])
-        batch = core.sample(3, version + 1) if step % 3 else None
-        if batch is not None:
-            core.ack(batch.batch_id)
+        held = simulate_step(core, step, held)
     return core
 
 
-@pytest.mark.parametrize("checkpoint_at", [2, 5])
-def test_a_run_resumed_from_a_checkpoint_ends_with_the_same_ledger(tmp_path, checkpoint_at):
-    def fresh():
-        core = BufferCore(capacity_groups=6, max_staleness=1, dynamic_sampling=True)
+@pytest.mark.parametrize("checkpoint_at, num_lost_steps", [(2, 0), (5, 0), (5, 3)])
+def test_a_run_resumed_from_a_checkpoint_ends_with_the_same_ledger(tmp_path, checkpoint_at, num_lost_steps):
+    """Also when the killed run went on past the checkpoint, appending finished rows and events to
+    the ledger log: resuming truncates the log to the checkpoint's cut, so nothing counts twice."""
+    def fresh(log=None):
+        core = BufferCore(capacity_groups=6, max_staleness=1, dynamic_sampling=True, log=log)
         core.add_prompts(prompts(30))
         return core
 
     straight = simulate(fresh(), 12)
-    resumed = simulate(fresh(), 12, checkpoint_at, tmp_path)
+    resumed = simulate(fresh(LedgerLog(tmp_path / "ledger", flush_rows=1)), 12, checkpoint_at, tmp_path, num_lost_steps)
     assert len(resumed.reserved) > 0 and resumed.metrics()["num_evicted_stale"] > 0  # the case is not trivial
     assert resumed.ledger() == straight.ledger()
     assert {s for s in ("trained", "dropped") if any(e.status == s for e in straight.ledger())} == {"trained", "dropped"}
     assert [item.group for item in resumed.queue] == [item.group for item in straight.queue]
-    assert resumed.events == straight.events
+    assert resumed.event_log() == straight.event_log()
+    assert resumed.metrics() == straight.metrics() | {"num_log_rows_waiting": resumed.log.num_pending_rows()}
+
+
+def test_memory_and_checkpoint_hold_the_in_flight_window_and_the_log_the_rest(tmp_path):
+    core = BufferCore(capacity_groups=6, max_staleness=1, log=LedgerLog(tmp_path / "ledger", flush_rows=50))
+    sizes, held = [], []
+    for step in range(300):
+        if len(core.reissued) + len(core.fresh) < 6:  # a 40-prompt data set: many epochs
+            epoch, start = divmod(core.metrics()["num_prompts_added"], 40)
+            core.add_prompts(prompts(min(6, 40 - start), start), epoch)
+        held = simulate_step(core, step, held)
+        if step % 50 == 49:
+            state = core.state_dict()
+            sizes.append((len(state["entries"]), len(state["requests"]), len(json.dumps(state["epochs"]))))
+            assert core.log.num_pending_rows() == 0  # the cut appended them
+        # In flight: under 6 pending + 6 just added, and capacity_groups reserved, queued or unacked.
+        assert len(core.entries) <= 18 and core.log.num_pending_rows() < 50 + 18
+    assert max(sizes) <= (18, 18, 200) and core.epochs.newest_epoch >= 8
+    assert len(core.epochs.finished_in_newest) <= 40
+    save_buffer_state(core.state_dict(), tmp_path / "buffer")
+    ledger = read_checkpoint_ledger(tmp_path / "buffer", tmp_path / "ledger")
+    assert [(e.epoch, e.prompt_id, e.status) for e in core.ledger()] == sorted(
+        (row["epoch"], row["prompt_id"], row["status"]) for row in ledger)
+    assert sum(row["status"] == "trained" for row in ledger) == core.metrics()["num_trained"] >= 300
+
+
+def test_a_checkpoint_whose_ledger_log_was_rewritten_or_lost_is_refused(tmp_path):
+    def run_on(log, steps, start=0):  # reservations held at the end are lost with the run
+        held = []
+        for step in range(start, start + steps):
+            held = simulate_step(core, step, held)
+        return log
+
+    core = BufferCore(capacity_groups=6, max_staleness=1, log=LedgerLog(tmp_path / "ledger", flush_rows=1))
+    core.add_prompts(prompts(30))
+    run_on(core.log, 3)
+    save_buffer_state(core.state_dict(), tmp_path / "early")
+    run_on(core.log, 3, 3)
+    save_buffer_state(core.state_dict(), tmp_path / "late")
+    core = BufferCore(capacity_groups=6, max_staleness=1, log=LedgerLog(tmp_path / "ledger", flush_rows=1))
+    core.load_state_dict(load_buffer_state(tmp_path / "early"))  # back to the early cut; the run goes on
+    run_on(core.log, 6, 3)
+    with pytest.raises(ValueError, match="was rewritten by a run resumed from an earlier checkpoint"):
+        BufferCore(capacity_groups=6, max_staleness=1, log=LedgerLog(tmp_path / "ledger")).load_state_dict(
+            load_buffer_state(tmp_path / "late"))
+    with pytest.raises(ValueError, match=r"segments \[0, .*\] of the \d+ this checkpoint counts are missing"):
+        BufferCore(capacity_groups=6, max_staleness=1, log=LedgerLog(tmp_path / "elsewhere")).load_state_dict(
+            load_buffer_state(tmp_path / "early"))
 
 
 def test_unacked_batches_come_back_after_a_restart_and_are_trained_once(tmp_path):
@@ -299,13 +425,15 @@ def test_unacked_batches_come_back_after_a_restart_and_are_trained_once(tmp_path
     lost = core.sample(2, 0)  # the trainer dies before acking this one
     save_buffer_state(core.state_dict(), tmp_path / "buffer")
     save_buffer_state(core.state_dict(), tmp_path / "buffer")  # overwriting keeps one good copy
-    resumed = BufferCore(capacity_groups=4, max_staleness=1)
+    resumed = BufferCore(capacity_groups=4, max_staleness=1, log=core.log)
     resumed.load_state_dict(load_buffer_state(tmp_path / "buffer"))
     again = resumed.sample(2, 1)
     assert again.groups == lost.groups and again.batch_id != lost.batch_id
     resumed.ack(again.batch_id)
     assert [e.status for e in resumed.ledger()] == ["trained"] * 4
     assert resumed.metrics()["num_trained"] == 4
+    with pytest.raises(ValueError, match=f"batch_id {lost.batch_id} was never delivered"):
+        resumed.ack(lost.batch_id)  # its groups came back under a new batch id
 
 
 # -- the Ray actor -------------------------------------------------------------------------------
@@ -400,7 +528,7 @@ def test_reserve_and_sample_wait_for_each_other(ray_buffer_module):
 def test_actor_state_round_trips_through_files_mid_run(ray_buffer_module, tmp_path):
     ray, ReplayBuffer, _ = ray_buffer_module
     config = BufferConfig(max_staleness=2, staleness_threshold=1.0)
-    buffer = ReplayBuffer.remote(config, batch_size_prompts=2)
+    buffer = ReplayBuffer.remote(config, batch_size_prompts=2, ledger_dir=str(tmp_path / "ledger"))
     ray.get(buffer.add_prompts.remote(prompts(6)))
     requests = ray.get(buffer.reserve.remote(4, "a"))
     ray.get(buffer.put.remote([make_group(r, 0) for r in requests[:3]]))
@@ -409,7 +537,7 @@ def test_actor_state_round_trips_through_files_mid_run(ray_buffer_module, tmp_pa
     before = ray.get(buffer.ledger.remote())
     ray.kill(buffer)
 
-    resumed = ReplayBuffer.remote(config, batch_size_prompts=2)
+    resumed = ReplayBuffer.remote(config, batch_size_prompts=2, ledger_dir=str(tmp_path / "ledger"))
     ray.get(resumed.load.remote(str(tmp_path / "buffer")))
     after = ray.get(resumed.ledger.remote())
     assert [e["status"] for e in before] == ["trained", "trained", "queued", "reserved", "pending", "pending"]

@@ -1,19 +1,27 @@
-"""Random interleavings of producers, version bumps, consumers, producer deaths and checkpoint
-round trips against `BufferCore` (no Ray), checking the buffer's promises after every step and
-that every prompt ends trained exactly once or dropped with a reason."""
+"""Random interleavings of producers, version bumps, consumers, producer deaths, checkpoint round
+trips and kills after a checkpoint (the run goes on, appending to the ledger log, then resumes
+from the checkpoint) against `BufferCore` (no Ray), checking the buffer's promises after every step
+and that every prompt ends trained exactly once or dropped with a reason."""
 
 from __future__ import annotations
 
+import copy
 import os
+import shutil
 import tempfile
 
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from rlactors.buffer import load_buffer_state, save_buffer_state
+from rlactors.buffer import LedgerLog, load_buffer_state, save_buffer_state
 from rlactors.buffer.core import BufferCore
-from rlactors.buffer.records import TERMINAL, DynamicSamplingExhausted, capacity_groups
+from rlactors.buffer.records import (
+    TERMINAL,
+    DynamicSamplingExhausted,
+    RolloutErrorsExhausted,
+    capacity_groups,
+)
 from rlactors.types import Group, PromptRequest, Sample
 
 NUM_PROMPT_IDS = 12
@@ -35,15 +43,22 @@ class BufferMachine(RuleBasedStateMachine):
         batch_size=st.integers(1, 3), trigger=st.integers(1, 2), threshold=st.sampled_from([0.0, 0.5, 1.0]),
         max_staleness=st.integers(0, 2), on_stale=st.sampled_from(["reissue", "drop"]),
         max_reissues=st.integers(0, 2), dynamic_sampling=st.booleans(), rounds=st.integers(1, 3),
+        log_on_disk=st.booleans(), flush_rows=st.sampled_from([1, 4, 10_000]),
     )
-    def setup(self, batch_size, trigger, threshold, max_staleness, on_stale, max_reissues, dynamic_sampling, rounds):
+    def setup(self, batch_size, trigger, threshold, max_staleness, on_stale, max_reissues, dynamic_sampling, rounds,
+              log_on_disk, flush_rows):
         self.batch_size = batch_size
         self.options = dict(
             capacity_groups=capacity_groups(batch_size, trigger, threshold), max_staleness=max_staleness,
             on_stale=on_stale, max_reissues=max_reissues, dynamic_sampling=dynamic_sampling,
             dynamic_sampling_metric="acc", max_generation_rounds=rounds,
         )
-        self.core = BufferCore(**self.options)
+        # On disk, a restarted buffer opens the same folder, as a new actor would; in memory it
+        # shares the log object.
+        self.folder = tempfile.mkdtemp(prefix="ledger_") if log_on_disk else None
+        self.flush_rows = flush_rows
+        self.core = BufferCore(**self.options, log=LedgerLog(self.folder, flush_rows))
+        self.saved = None  # (state, the model's fields) at the last checkpoint
         self.version = 0
         self.epoch = 0
         self.added: set[tuple[int, str]] = set()
@@ -119,6 +134,9 @@ class BufferMachine(RuleBasedStateMachine):
         except DynamicSamplingExhausted:
             assert self.core.dynamic_sampling and not self.core.queue
             return
+        except RolloutErrorsExhausted:  # the run would stop here, naming the error; the state is unchanged
+            assert not self.core.queue and self.core.drops_since_batch["rollout_error"] >= self.batch_size
+            return
         if batch is None:
             return
         assert len(batch.groups) <= self.batch_size
@@ -144,18 +162,34 @@ class BufferMachine(RuleBasedStateMachine):
             self.delivered -= {group.group_id for group in batch.groups}
 
     @rule(through_files=st.booleans())
-    def restart_from_checkpoint(self, through_files):
+    def checkpoint(self, through_files):
         state = self.core.state_dict()
         if through_files:
             with tempfile.TemporaryDirectory() as folder:
                 save_buffer_state(state, f"{folder}/buffer")
                 state = load_buffer_state(f"{folder}/buffer")
         # Unacked batches were never trained: their groups come back and may be delivered again.
-        self.delivered -= {g.group_id for batch_id in self.unacked for g in self.core.unacked[batch_id].groups}
-        self.core = BufferCore(**self.options)
-        self.core.load_state_dict(state)
+        delivered = self.delivered - {g.group_id for batch_id in self.unacked for g in self.core.unacked[batch_id].groups}
+        self.saved = state, copy.deepcopy(dict(added=self.added, trained=self.trained, delivered=delivered,
+                                               epoch=self.epoch, version=self.version, put_groups=self.put_groups))
+
+    @precondition(lambda self: self.saved is not None)
+    @rule()
+    def killed_and_resumed_from_the_last_checkpoint(self):
+        """Whatever happened since the checkpoint (rows appended to the log included) is lost."""
+        state, model = self.saved
+        log = self.core.log if self.folder is None else LedgerLog(self.folder, self.flush_rows)
+        self.core = BufferCore(**self.options, log=log)
+        self.core.load_state_dict(copy.deepcopy(state))
+        for name, value in copy.deepcopy(model).items():
+            setattr(self, name, value)
         self.unacked = []
         self.held = {"0": [], "1": []}  # producers restart empty-handed
+
+    @rule(through_files=st.booleans())
+    def restart_from_checkpoint(self, through_files):
+        self.checkpoint(through_files)
+        self.killed_and_resumed_from_the_last_checkpoint()
 
     # -- promises -----------------------------------------------------------------------------
 
@@ -172,14 +206,17 @@ class BufferMachine(RuleBasedStateMachine):
             return
         core = self.core
         statuses = {key: e.status for key, e in core.entries.items()}
-        assert set(statuses) == self.added
-        assert core.num_unfinished == sum(s not in TERMINAL for s in statuses.values())
-        assert {k for k, s in statuses.items() if s == "trained"} == self.trained
+        assert all(s not in TERMINAL for s in statuses.values())  # finished rows left memory
+        assert core.num_unfinished == len(statuses)
+        if self.folder is None:  # on disk, reading the log at every step is slow: teardown reads it
+            ledger = {(e.epoch, e.prompt_id): e for e in core.ledger()}
+            assert set(ledger) == self.added and len(ledger) == len(core.ledger())
+            assert {k for k, e in ledger.items() if e.status == "trained"} == self.trained
+            assert all(e.reason for e in ledger.values() if e.status == "dropped")
         assert sorted([*core.reissued, *core.fresh]) == sorted(k for k, s in statuses.items() if s == "pending")
         assert sorted(r.key for r in core.reserved.values()) == sorted(k for k, s in statuses.items() if s == "reserved")
         assert sorted((i.epoch, i.group.prompt_id) for i in core.queue) == sorted(
             k for k, s in statuses.items() if s == "queued")
-        assert all(core.entries[k].reason for k, s in statuses.items() if s == "dropped")
 
     def teardown(self):
         """Drain: close, generate fresh groups for everything left, train it all; then every prompt
@@ -199,7 +236,7 @@ class BufferMachine(RuleBasedStateMachine):
             core.put([make_group(r, [self.version], [0.0, 1.0]) for r in requests])
             try:
                 batch = core.sample(self.batch_size, self.version)
-            except DynamicSamplingExhausted:
+            except (DynamicSamplingExhausted, RolloutErrorsExhausted):
                 continue
             if batch is not None and batch.groups:
                 assert all(s <= self.options["max_staleness"] for s in batch.staleness)
@@ -208,11 +245,13 @@ class BufferMachine(RuleBasedStateMachine):
         for name, value in core.metrics().items():  # shown by --hypothesis-show-statistics
             if name.startswith("num_") and value:
                 event(name)
-        for key in self.added:
-            entry = core.entries[key]
+        ledger = core.ledger()
+        assert sorted((e.epoch, e.prompt_id) for e in ledger) == sorted(self.added)  # one row each
+        for entry in ledger:
             assert entry.status == "trained" or (entry.status == "dropped" and entry.reason), entry
-        assert core.metrics()["num_trained"] == len(self.trained) == sum(
-            e.status == "trained" for e in core.entries.values())
+        assert core.metrics()["num_trained"] == len(self.trained) == sum(e.status == "trained" for e in ledger)
+        if self.folder is not None:
+            shutil.rmtree(self.folder)
 
     def finish_batch_by_id(self, batch_id):
         batch = self.core.unacked[batch_id]

@@ -13,10 +13,10 @@ from collections import Counter
 from pathlib import Path
 
 import psutil
-import pyarrow.parquet as pq
 
-# Command-line fragments of the processes a run starts outside Ray's own actor workers.
-ENGINE_CORE_MARKERS = ("VLLM::EngineCore", "EngineCore_")
+# Command-line fragments (process titles) of the processes a run starts outside Ray's own actor
+# workers: vLLM's engine core and its workers, and the reward scorers' worker subprocesses.
+ENGINE_CORE_MARKERS = ("VLLM::EngineCore", "EngineCore_", "VLLM::Worker")
 REWARD_WORKER_MARKER = "rlactors.reward.scorer import worker_main"
 
 
@@ -91,10 +91,14 @@ def assert_no_leftovers(before: Snapshot | None = None, timeout_s: float = 30.0)
 
 
 def checkpoint_ledger(output_dir: str | Path) -> list[dict]:
-    """The ledger rows of the run's latest checkpoint (`buffer/ledger.parquet`)."""
+    """Every ledger row (epoch, prompt_id, status, reason, ...) as of the run's latest checkpoint:
+    the finished rows in the run's ledger log up to the checkpoint's cut, then its in-flight rows."""
+    from rlactors.buffer import read_checkpoint_ledger
+    from rlactors.buffer.ledger_log import LEDGER_FOLDER
+
     root = Path(output_dir) / "checkpoints"
     latest = root / (root / "latest").read_text().strip()
-    return pq.read_table(latest / "buffer" / "ledger.parquet").to_pylist()
+    return read_checkpoint_ledger(latest / "buffer", Path(output_dir) / LEDGER_FOLDER)
 
 
 def assert_each_prompt_once(ledger: list[dict], prompt_ids: set[str] | None = None) -> Counter:

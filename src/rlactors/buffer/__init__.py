@@ -1,11 +1,18 @@
 """The staleness-aware replay buffer: the `ReplayBuffer` actor (`replay`), its accounting as a plain
-class (`core`), the records and pure rules it decides with (`records`), and its parquet checkpoint
-files (`storage`)."""
+class (`core`), the records and pure rules it decides with (`records`), its parquet checkpoint
+files (`storage`) and what they hold (`resume`), and the run-level log of finished ledger rows and
+events (`ledger_log`)."""
 
 from rlactors.buffer.core import BufferCore
-from rlactors.buffer.records import DynamicSamplingExhausted, SampledBatchRef, capacity_groups
+from rlactors.buffer.ledger_log import LedgerLog, read_checkpoint_ledger
+from rlactors.buffer.records import (
+           DynamicSamplingExhausted,
+           RolloutErrorsExhausted,
+           SampledBatchRef,
+           capacity_groups,
+)
 from rlactors.buffer.replay import ReplayBuffer
 from rlactors.buffer.storage import load_buffer_state, save_buffer_state
 
-__all__ = ["BufferCore", "DynamicSamplingExhausted", "ReplayBuffer", "SampledBatchRef", "capacity_groups",
-           "load_buffer_state", "save_buffer_state"]
+__all__ = ["BufferCore", "DynamicSamplingExhausted", "LedgerLog", "ReplayBuffer", "RolloutErrorsExhausted",
+           "SampledBatchRef", "capacity_groups", "load_buffer_state", "read_checkpoint_ledger", "save_buffer_state"]

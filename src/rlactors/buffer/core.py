@@ -11,12 +11,20 @@ A prompt is tracked per (epoch, prompt_id) through these statuses:
                   +----------+-> dropped  (zero variance, rollout error, too stale)
                   pending <--+            (evicted for staleness and re-issued, or reservation cancelled)
 
-Invariants (checked by tests/test_buffer_properties.py):
+Invariants (checked by tests/buffer/test_buffer_properties.py):
 - every delivered group has current_version - oldest_policy_version <= max_staleness;
 - no group_id is delivered twice, and a prompt is marked trained at most once per epoch;
 - groups not yet trained (reserved + queued + sampled but unacked) never exceed `capacity_groups`
   when a reservation is handed out (backpressure);
-- every added prompt ends trained or dropped with a reason; nothing leaves silently.
+- every added prompt ends trained or dropped with a reason; nothing leaves silently. A group whose
+  every sample failed in rollout (no policy version at all) is dropped like a partly failed one.
+
+Bounded memory: `entries` holds only the in-flight window (not yet trained or dropped). A row
+that finishes leaves it for the run-level `LedgerLog`, as do the events; `ledger()` and
+`event_log()` read both. What stays is counts per open epoch and, for the newest epoch, its
+finished prompt_ids, to refuse a prompt added twice (`EpochBook`: epochs are added in order).
+Batch ids are handed out in order; an ack of an id below `next_batch_id` that is neither waiting
+nor nacked was acked before (nacked ids are kept: one per trainer failure, rare).
 """
 
 from __future__ import annotations
@@ -25,19 +33,25 @@ import dataclasses
 from collections import Counter, deque
 from typing import Literal
 
+from rlactors.buffer import resume
+from rlactors.buffer.epochs import EpochBook
+from rlactors.buffer.ledger_log import LedgerLog
 from rlactors.buffer.records import (
+    COUNTER_NAMES,
+    DROP_KINDS,
     PUT_OUTCOMES,
-    TERMINAL,
     DynamicSamplingExhausted,
     Key,
     LedgerEntry,
     QueuedGroup,
     Reservation,
+    RolloutErrorsExhausted,
     SampledBatch,
     group_metric_values,
     has_zero_variance,
     oldest_policy_version,
     parse_group_id,
+    rollout_error_reason,
 )
 from rlactors.types import Group, PromptRequest
 
@@ -52,6 +66,7 @@ class BufferCore:
         dynamic_sampling: bool = False,
         dynamic_sampling_metric: Literal["score", "acc"] = "score",
         max_generation_rounds: int = 10,
+        log: LedgerLog | None = None,
     ):
         if capacity_groups < 1:
             raise ValueError(f"capacity_groups must be >= 1, got {capacity_groups}")
@@ -67,17 +82,20 @@ class BufferCore:
         self.closed = False  # no more prompts will be added
         self.next_batch_id = 0
         self.num_put_since_batch = 0  # groups arrived since the last batch: dynamic sampling's budget
-        self.entries: dict[Key, LedgerEntry] = {}
+        self.log = log if log is not None else LedgerLog()  # finished rows and events go here
+        self.entries: dict[Key, LedgerEntry] = {}  # in flight only: not yet trained or dropped
         self.requests: dict[Key, PromptRequest] = {}  # originals of unfinished prompts, to (re)issue
         self.reissued: deque[Key] = deque()  # handed out before fresh prompts
         self.fresh: deque[Key] = deque()
         self.reserved: dict[str, Reservation] = {}  # by group_id
         self.queue: deque[QueuedGroup] = deque()  # oldest first
         self.unacked: dict[int, SampledBatch] = {}
-        self.acked_batch_ids: set[int] = set()
+        self.nacked_batch_ids: set[int] = set()
         self.num_unacked_groups = 0
         self.num_unfinished = 0
-        self.events: list[dict] = []
+        self.epochs = EpochBook()  # per-epoch memory of rows that left `entries` (rlactors.buffer.epochs)
+        self.drops_since_batch: Counter[str] = Counter()  # by DROP_KINDS, reported with the next batch
+        self.last_rollout_error = ""
         self.counters: Counter[str] = Counter()
         self.trained_staleness: Counter[int] = Counter()
 
@@ -95,7 +113,9 @@ class BufferCore:
                 raise ValueError(f"request {index}: prompt_id must be a non-empty string, got {request.prompt_id!r}")
             if key in self.entries or key in seen:
                 raise ValueError(f"prompt_id {request.prompt_id!r} added twice in epoch {epoch}")
+            self.epochs.check_add(epoch, request.prompt_id)
             seen.add(key)
+        self.epochs.added(epoch, len(requests))
         for request, key in zip(requests, keys, strict=True):
             self.entries[key] = LedgerEntry(epoch, request.prompt_id)
             self.requests[key] = request
@@ -145,12 +165,15 @@ class BufferCore:
             self.reissued.append(key)
             self._event("cancelled", key, group_id, reason=f"producer {producer_id!r}")
         self.counters["num_cancelled"] += len(group_ids)
+        self.log.flush_if_full()
         return group_ids
 
     def put(self, groups: list[Group]) -> dict[str, int]:
         """Accept generated groups. All are checked before any is applied, so a bad one changes
         nothing. A group of an attempt no longer open (already put, e.g. by a retried call, or
-        whose reservation was cancelled) is ignored, counted and logged: its prompt is elsewhere."""
+        whose reservation was cancelled) is ignored, counted and logged: its prompt is elsewhere.
+        A group with a failed sample (or only failed ones: a prompt the engine refused, no live
+        engine) is recorded dropped with the errors as its reason."""
         fresh: dict[str, tuple[Group, int]] = {}  # group_id -> (group, its oldest policy version)
         for index, group in enumerate(groups):
             if group.group_id in fresh or self._is_superseded(group.group_id):
@@ -162,15 +185,16 @@ class BufferCore:
         for group, oldest in fresh.values():
             key = self.reserved.pop(group.group_id).key
             self.num_put_since_batch += 1
-            errors = [s.error for s in group.samples if s.error]
-            if errors:
-                self._drop(key, f"rollout_error: {errors[0]}")
+            reason = rollout_error_reason(group)
+            if reason is not None:
+                self._drop(key, "rollout_error", reason)
+                self.last_rollout_error = reason
                 result["rollout_error"] += 1
             elif self.policy_version - oldest > self.max_staleness:
                 self._evict(key, group.group_id, self.policy_version - oldest)
                 result["stale"] += 1
             elif self.dynamic_sampling and has_zero_variance(group_metric_values(group, self.dynamic_sampling_metric)):
-                self._drop(key, "zero_variance")
+                self._drop(key, "zero_variance", "zero_variance")
                 result["zero_variance"] += 1
             else:
                 self.entries[key].status = "queued"
@@ -178,16 +202,21 @@ class BufferCore:
                 result["kept"] += 1
         for name, count in result.items():
             self.counters[f"num_put_{name}"] += count
+        self.log.flush_if_full()
         return {name: result[name] for name in PUT_OUTCOMES}
 
     def _is_superseded(self, group_id: str) -> bool:
+        """An earlier attempt of a prompt in flight, or any attempt of a finished one."""
         if group_id in self.reserved:
             return False
         key, attempt = parse_group_id(group_id)
-        return key in self.entries and attempt < self.entries[key].num_attempts
+        if key in self.entries:
+            return attempt < self.entries[key].num_attempts
+        return self.epochs.is_finished(*key)
 
-    def _check_group(self, group: Group, index: int) -> int:
-        """Raise ValueError naming the group if it cannot be put; returns its oldest policy version."""
+    def _check_group(self, group: Group, index: int) -> int | None:
+        """Raise ValueError naming the group if it cannot be put; returns its oldest policy version
+        (None only when every sample failed in rollout: such a group is dropped, never trained)."""
         where = f"group {index} (prompt_id {group.prompt_id!r}, group_id {group.group_id!r})"
         reservation = self.reserved.get(group.group_id)
         if reservation is None:
@@ -199,9 +228,7 @@ class BufferCore:
         for sample in group.samples:
             if not sample.error and not sample.token_policy_versions:
                 raise ValueError(f"{where} sample {sample.sample_index}: empty token_policy_versions")
-        oldest = oldest_policy_version(group)
-        if oldest is None:
-            raise ValueError(f"{where}: no sample carries a policy version")
+        oldest = oldest_policy_version(group)  # None: every sample failed (checked just above)
         if self.dynamic_sampling and not any(s.error for s in group.samples):
             group_metric_values(group, self.dynamic_sampling_metric)  # raises naming the sample
         return oldest
@@ -216,7 +243,9 @@ class BufferCore:
     def sample(self, batch_size: int, current_version: int) -> SampledBatch | None:
         """A batch of `batch_size` groups, none staler than `max_staleness` at `current_version`,
         or None when the caller must wait. Short batches only come when no more groups can arrive
-        (closed), or when dynamic sampling has spent its generation rounds."""
+        (closed), or when dynamic sampling has spent its generation rounds. Generation rounds
+        that end in nothing but rollout errors raise `RolloutErrorsExhausted` (else a run whose
+        every prompt fails would go on through its epochs forever, training nothing)."""
         if batch_size < 1 or batch_size > self.capacity_groups:
             raise ValueError(f"batch_size must be in 1..capacity_groups={self.capacity_groups}, got {batch_size}")
         self.set_policy_version(current_version)
@@ -236,6 +265,11 @@ class BufferCore:
                 )
             count = len(self.queue)
             self.counters["num_short_batches"] += 1
+        elif not self.queue and self.drops_since_batch["rollout_error"] >= self.max_generation_rounds * batch_size:
+            raise RolloutErrorsExhausted(
+                f"the last {self.drops_since_batch['rollout_error']} groups generated ({self.max_generation_rounds} "
+                f"rounds of {batch_size}) all failed in rollout, none kept; the latest: {self.last_rollout_error}"
+            )
         if count is None:
             return None
         if count == 0:
@@ -244,7 +278,9 @@ class BufferCore:
         batch = SampledBatch(
             self.next_batch_id, current_version, [item.group for item in items],
             [current_version - item.oldest_policy_version for item in items], [item.epoch for item in items],
+            {kind: self.drops_since_batch[kind] for kind in DROP_KINDS},
         )
+        self.drops_since_batch = Counter()
         for item in items:
             entry = self.entries[(item.epoch, item.group.prompt_id)]
             entry.status, entry.batch_id = "sampled", batch.batch_id
@@ -257,10 +293,10 @@ class BufferCore:
 
     def ack(self, batch_id: int) -> bool:
         """The batch was trained: record it in the ledger. Acking twice is a no-op (returns False)."""
-        if batch_id in self.acked_batch_ids:
-            return False
         batch = self.unacked.pop(batch_id, None)
         if batch is None:
+            if 0 <= batch_id < self.next_batch_id and batch_id not in self.nacked_batch_ids:
+                return False  # delivered, not waiting, not nacked: acked before
             raise ValueError(f"batch_id {batch_id} was never delivered (or was nacked)")
         for group, staleness, epoch in zip(batch.groups, batch.staleness, batch.epochs, strict=True):
             key = (epoch, group.prompt_id)
@@ -269,9 +305,9 @@ class BufferCore:
             entry.status, entry.policy_version, entry.staleness = "trained", batch.policy_version, staleness
             self._finish(key)
             self.trained_staleness[staleness] += 1
-        self.acked_batch_ids.add(batch_id)
         self.num_unacked_groups -= len(batch.groups)
         self.counters["num_trained"] += len(batch.groups)
+        self.log.flush_if_full()
         return True
 
     def nack(self, batch_id: int) -> None:
@@ -283,6 +319,7 @@ class BufferCore:
             entry = self.entries[(epoch, group.prompt_id)]
             entry.status, entry.batch_id = "queued", -1
             self.queue.appendleft(QueuedGroup(epoch, group, batch.policy_version - staleness))
+        self.nacked_batch_ids.add(batch_id)
         self.num_unacked_groups -= len(batch.groups)
         self.counters["num_nacked"] += len(batch.groups)
 
@@ -309,27 +346,41 @@ class BufferCore:
             self.counters["num_reissued"] += 1
         else:
             why = "on_stale=drop" if self.on_stale == "drop" else f"evicted {entry.num_evictions} times"
-            self._drop(key, f"stale ({why})")
+            self._drop(key, "stale", f"stale ({why})")
 
-    def _drop(self, key: Key, reason: str) -> None:
+    def _drop(self, key: Key, kind: str, reason: str) -> None:
+        """Record the prompt dropped; `kind` (one of DROP_KINDS) counts it, `reason` says why."""
         entry = self.entries[key]
         entry.status, entry.reason = "dropped", reason
+        self._event("dropped", key, entry.group_id, reason=reason)
         self._finish(key)
         self.counters["num_dropped"] += 1
-        self._event("dropped", key, entry.group_id, reason=reason)
+        self.counters[f"num_dropped_{kind}"] += 1
+        self.drops_since_batch[kind] += 1
 
     def _finish(self, key: Key) -> None:
+        """The entry is trained or dropped: it leaves memory for the ledger log."""
+        entry = self.entries.pop(key)
         self.requests.pop(key, None)
         self.num_unfinished -= 1
+        self.log.add_entry(dataclasses.asdict(entry))
+        self.epochs.finished(entry)
 
     def _event(self, kind: str, key: Key, group_id: str, staleness: int = -1, reason: str = "") -> None:
-        self.events.append(dict(kind=kind, epoch=key[0], prompt_id=key[1], group_id=group_id,
+        self.log.add_event(dict(kind=kind, epoch=key[0], prompt_id=key[1], group_id=group_id,
                                 policy_version=self.policy_version, staleness=staleness, reason=reason))
 
     # -- queries and checkpoint ---------------------------------------------------------------
 
     def ledger(self, epoch: int | None = None) -> list[LedgerEntry]:
-        return [dataclasses.replace(e) for e in self.entries.values() if epoch is None or e.epoch == epoch]
+        """Every row, finished (from the log) and in flight, sorted by (epoch, prompt_id). Reads the
+        whole log: for tests and inspection, not for a step loop."""
+        rows = [LedgerEntry(**row) for row in self.log.rows("ledger")] + [dataclasses.replace(e) for e in self.entries.values()]
+        return sorted((e for e in rows if epoch is None or e.epoch == epoch), key=lambda e: (e.epoch, e.prompt_id))
+
+    def event_log(self) -> list[dict]:
+        """Every event so far, oldest first (reads the whole log)."""
+        return self.log.rows("events")
 
     def metrics(self) -> dict[str, float]:
         num_trained = sum(self.trained_staleness.values())
@@ -345,70 +396,16 @@ class BufferCore:
             "num_unacked_batches": len(self.unacked),
             "num_groups_ahead": self.num_groups_ahead(),
             "num_unfinished": self.num_unfinished,
+            "num_log_rows_waiting": self.log.num_pending_rows(),
             "staleness_mean": staleness_sum / num_trained if num_trained else 0.0,
             "staleness_max": max(self.trained_staleness, default=0),
         }
 
     def state_dict(self) -> dict:
-        """Everything needed to resume: the ledger, unfinished prompts (with their requests) in
-        hand-out order, open reservations, queued groups (by value), unacked batches, counters
-        and the event log. Plain Python values and `Group`/`PromptRequest` dataclasses."""
-        return {
-            "policy_version": self.policy_version,
-            "closed": self.closed,
-            "next_batch_id": self.next_batch_id,
-            "num_put_since_batch": self.num_put_since_batch,
-            "entries": [dataclasses.asdict(e) for e in self.entries.values()],
-            "requests": [(key[0], request) for key, request in self.requests.items()],
-            "reissued": [list(key) for key in self.reissued],
-            "fresh": [list(key) for key in self.fresh],
-            "reserved": [[gid, *r.key, r.producer_id, r.policy_version] for gid, r in self.reserved.items()],
-            "queue": [(item.epoch, item.group) for item in self.queue],
-            "unacked": [
-                dict(batch_id=b.batch_id, policy_version=b.policy_version, groups=list(b.groups),
-                     staleness=list(b.staleness), epochs=list(b.epochs))
-                for b in self.unacked.values()
-            ],
-            "acked_batch_ids": sorted(self.acked_batch_ids),
-            "events": [dict(event) for event in self.events],
-            "counters": dict(self.counters),
-            "trained_staleness": {str(s): n for s, n in self.trained_staleness.items()},
-        }
+        """Everything needed to resume (`rlactors.buffer.resume`); appends the waiting log rows."""
+        return resume.core_state(self)
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume. Open reservations died with their producers: their prompts are handed out
-        again first, under the same group_id. Unacked batches were not trained: their groups
-        return to the front of the queue (staleness is checked again at the next sample)."""
-        self.policy_version = state["policy_version"]
-        self.closed = state["closed"]
-        self.next_batch_id = state["next_batch_id"]
-        self.num_put_since_batch = state["num_put_since_batch"]
-        self.entries = {(e["epoch"], e["prompt_id"]): LedgerEntry(**e) for e in state["entries"]}
-        self.requests = {(epoch, r.prompt_id): r for epoch, r in state["requests"]}
-        self.reissued = deque(tuple(key) for key in state["reissued"])
-        self.fresh = deque(tuple(key) for key in state["fresh"])
-        self.reserved = {}
-        for _group_id, epoch, prompt_id, _producer_id, _version in reversed(state["reserved"]):
-            entry = self.entries[(epoch, prompt_id)]
-            entry.status, entry.num_attempts = "pending", entry.num_attempts - 1
-            self.reissued.appendleft((epoch, prompt_id))
-        self.queue = deque(QueuedGroup(epoch, g, g.oldest_policy_version) for epoch, g in state["queue"])
-        self.unacked = {}
-        for batch in sorted(state["unacked"], key=lambda b: b["batch_id"], reverse=True):
-            for group, epoch in zip(reversed(batch["groups"]), reversed(batch["epochs"]), strict=True):
-                entry = self.entries[(epoch, group.prompt_id)]
-                entry.status, entry.batch_id = "queued", -1
-                self.queue.appendleft(QueuedGroup(epoch, group, group.oldest_policy_version))
-        self.acked_batch_ids = set(state["acked_batch_ids"])
-        self.num_unacked_groups = 0
-        self.num_unfinished = sum(e.status not in TERMINAL for e in self.entries.values())
-        self.events = [dict(event) for event in state["events"]]
-        self.counters = Counter(state["counters"])
-        self.trained_staleness = Counter({int(s): n for s, n in state["trained_staleness"].items()})
+        """Resume from `state`, truncating the ledger log to its cut (`rlactors.buffer.resume`)."""
+        resume.load_core_state(self, state)
 
-
-COUNTER_NAMES = (
-    "num_prompts_added", "num_reserved", "num_cancelled", "num_put_kept", "num_put_zero_variance",
-    "num_put_stale", "num_put_rollout_error", "num_put_superseded", "num_evicted_stale", "num_reissued",
-    "num_dropped", "num_batches", "num_short_batches", "num_trained", "num_nacked",
-)

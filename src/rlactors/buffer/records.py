@@ -12,15 +12,28 @@ from rlactors.types import Group
 Key = tuple[int, str]  # (epoch, prompt_id)
 TERMINAL = ("trained", "dropped")
 PUT_OUTCOMES = ("kept", "zero_variance", "stale", "rollout_error", "superseded")
+DROP_KINDS = ("rollout_error", "zero_variance", "stale")  # why a prompt is recorded dropped
+MAX_REASON_CHARS = 1000  # a drop reason quotes rollout errors; the ledger keeps it bounded
+COUNTER_NAMES = (  # the buffer's counters, all in `BufferCore.metrics()` from the start
+    "num_prompts_added", "num_reserved", "num_cancelled", "num_put_kept", "num_put_zero_variance",
+    "num_put_stale", "num_put_rollout_error", "num_put_superseded", "num_evicted_stale", "num_reissued",
+    "num_dropped", "num_batches", "num_short_batches", "num_trained", "num_nacked",
+    *(f"num_dropped_{kind}" for kind in DROP_KINDS),
+)
 
 
 class DynamicSamplingExhausted(RuntimeError):
     """Dynamic sampling spent its generation rounds without keeping a single group."""
 
 
+class RolloutErrorsExhausted(RuntimeError):
+    """Every group generated for a batch over its generation rounds failed in rollout."""
+
+
 @dataclass
 class LedgerEntry:
-    """What happened to one prompt in one epoch; queryable and saved in the checkpoint."""
+    """What happened to one prompt in one epoch. In flight, in the buffer's memory and checkpoint;
+    once trained or dropped, a row of the run's ledger log (`rlactors.buffer.ledger_log`)."""
 
     epoch: int
     prompt_id: str
@@ -59,6 +72,7 @@ class SampledBatch:
     groups: list[Group]
     staleness: list[int] = field(default_factory=list)  # per group
     epochs: list[int] = field(default_factory=list)  # per group: the epoch whose prompt it answers
+    num_dropped: dict[str, int] = field(default_factory=dict)  # by DROP_KINDS: drops since the previous batch
 
 
 @dataclass
@@ -79,6 +93,7 @@ class SampledBatchRef:
     scores: list[float | None] = field(default_factory=list)  # per sample
     accuracies: list[float | None] = field(default_factory=list)  # per sample: score_details["acc"], or None
     num_score_errors: int = 0
+    num_dropped: dict[str, int] = field(default_factory=dict)  # by DROP_KINDS: drops since the previous batch
 
     def __len__(self) -> int:
         return len(self.group_ids)
@@ -91,7 +106,7 @@ def describe_batch(batch: SampledBatch, groups_ref: Any) -> SampledBatchRef:
         list(batch.epochs), [len(s.prompt_token_ids) for s in samples], [s.num_response_tokens for s in samples],
         [s.score for s in samples],
         [float(s.score_details["acc"]) if s.score_details.get("acc") is not None else None for s in samples],
-        sum(s.score_error is not None for s in samples),
+        sum(s.score_error is not None for s in samples), dict(batch.num_dropped),
     )
 
 
@@ -117,6 +132,21 @@ def group_metric_values(group: Group, metric: Literal["score", "acc"]) -> list[f
 def oldest_policy_version(group: Group) -> int | None:
     """`Group.oldest_policy_version`, in one pass (it runs for every group put)."""
     return min((min(s.token_policy_versions) for s in group.samples if s.token_policy_versions), default=None)
+
+
+def rollout_error_reason(group: Group) -> str | None:
+    """"rollout_error: <the samples' distinct errors>", naming the prompt_id; None if no sample failed."""
+    errors = list(dict.fromkeys(s.error for s in group.samples if s.error))
+    if not errors:
+        return None
+    text = " | ".join(errors)
+    if group.prompt_id not in text:
+        text = f"prompt_id {group.prompt_id!r}: {text}"
+    failed = sum(bool(s.error) for s in group.samples)
+    if failed < len(group.samples):
+        text += f" ({failed} of {len(group.samples)} samples)"
+    reason = f"rollout_error: {text}"
+    return reason if len(reason) <= MAX_REASON_CHARS else reason[: MAX_REASON_CHARS - 3] + "..."
 
 
 def has_zero_variance(values: list[float]) -> bool:

@@ -13,7 +13,7 @@ Protocol (many concurrent callers; the accounting itself is `rlactors.buffer.cor
                ack(batch_id)                        after the optimizer step: ledger records "trained"
                nack(batch_id)                       not trained: groups go back to the queue front
     driver:    cancel_reservations(producer_id)     a producer died: its prompts are re-issued
-               ledger(), events(), metrics(), state_dict(), load_state_dict(state),
+               ledger(), events(), metrics(), health(), state_dict(), load_state_dict(state),
                save(path), load(path)               the checkpoint files, written and read here
 
 Staleness: a group trained at trainer version v has v - oldest_policy_version <= max_staleness.
@@ -25,7 +25,11 @@ evicted group frees its slot. With staleness_threshold 0 and trigger_parameter_s
 trainer must ack a batch before the next can be generated (synchronous); 1.0 lets the producers
 generate the next batch while the trainer trains (one version off-policy).
 Exactly once: per (epoch, prompt_id) the ledger ends "trained" (recorded at ack, never at sample)
-or "dropped" with a reason ("zero_variance", "stale (...)", "rollout_error: ...").
+or "dropped" with a reason ("zero_variance", "stale (...)", "rollout_error: ..."). A group whose
+samples failed in rollout, even all of them (a prompt the engine refused, no live engine), is
+recorded dropped and the run goes on; each `SampledBatchRef` carries the drops by kind since the
+previous batch (`num_dropped`), which the driver logs as metrics. Rollout errors alone for
+`max_generation_rounds` rounds of a batch stop the run (`RolloutErrorsExhausted`).
 
 Ownership: the buffer keeps every Group by value in its own heap. `put` resolves ObjectRefs at
 once (while their owner, the producer, is alive), so killing a producer never makes buffered
@@ -33,21 +37,30 @@ groups unreadable. `sample` puts the batch's Groups into the object store as one
 the buffer, and returns its ref with ids, lengths and scores: the Groups go from here to whoever
 reads the ref (the batch builder) without passing through the driver.
 
-Checkpoint (`state_dict`, written by `save_buffer_state` as parquet files): the ledger, unfinished
-prompts in hand-out order, open reservations (re-issued on resume under the same group_id),
-queued groups and unacked batches by value (unacked ones return to the queue front), the event
-log and counters. Config is not saved: it comes from the run's config.
+Bounded: finished ledger rows and events leave memory for the run's ledger log under
+`ledger_dir` (output_dir/ledger; `rlactors.buffer.ledger_log`), appended in segments; `ledger()`
+and `events()` read it back whole. Without a `ledger_dir` the log stays in memory.
+
+Checkpoint (`state_dict`, written by `save_buffer_state` as parquet files; `rlactors.buffer.resume`):
+the in-flight window (ledger rows not yet finished, unfinished prompts in hand-out order, open
+reservations, re-issued on resume under the same group_id, queued groups and unacked batches by
+value, which return to the queue front), per-epoch counts, counters, and the ledger log's cut:
+loading truncates the log to it, so nothing the killed run logged after the checkpoint counts.
+Config is not saved: it comes from the run's config.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import time
 from collections import Counter
 
 import ray
 
 from rlactors.buffer.core import BufferCore
+from rlactors.buffer.ledger_log import LedgerLog
 from rlactors.buffer.records import SampledBatchRef, capacity_groups, describe_batch
 from rlactors.buffer.storage import load_buffer_state, save_buffer_state
 from rlactors.config import BufferConfig
@@ -57,14 +70,19 @@ from rlactors.types import Group, PromptRequest
 WAIT_STATE = ("policy_version", "capacity_groups", "num_pending", "num_reserved_open", "num_queued",
               "num_unacked_batches", "num_groups_ahead", "num_unfinished")
 
+logger = logging.getLogger(__name__)
+
 
 @ray.remote(num_cpus=0)
 class ReplayBuffer:
-    def __init__(self, config: BufferConfig, batch_size_prompts: int, trigger_parameter_sync_step: int = 1):
+    def __init__(self, config: BufferConfig, batch_size_prompts: int, trigger_parameter_sync_step: int = 1,
+                 ledger_dir: str | None = None):
+        """`ledger_dir`: where the run's ledger log goes (output_dir/ledger), seen by this actor's node."""
         self.core = BufferCore(
             capacity_groups(batch_size_prompts, trigger_parameter_sync_step, config.staleness_threshold),
             config.max_staleness, config.on_stale, config.max_reissues, config.dynamic_sampling,
             config.dynamic_sampling_metric, config.max_generation_rounds,
+            LedgerLog(ledger_dir, config.ledger_flush_rows),
         )
         self.changed = asyncio.Condition()  # notified after every change a waiter may be waiting for
         self.wait_s: Counter[str] = Counter()
@@ -97,6 +115,9 @@ class ReplayBuffer:
         async with self.changed:
             result = self.core.put(groups)
             self.changed.notify_all()
+        if result["rollout_error"]:  # also in the ledger and the step's metrics; said here as it happens
+            logger.warning("replay buffer: %d group(s) dropped for rollout errors; the latest: %s",
+                           result["rollout_error"], self.core.last_rollout_error)
         return result
 
     async def cancel_reservations(self, producer_id: str) -> list[str]:
@@ -129,7 +150,12 @@ class ReplayBuffer:
         return [entry.__dict__ for entry in self.core.ledger(epoch)]
 
     async def events(self) -> list[dict]:
-        return list(self.core.events)
+        return self.core.event_log()
+
+    async def health(self) -> dict:
+        """Answers at once (never waits on the buffer's lock): its process and how much is in flight."""
+        return {"pid": os.getpid(), "num_unfinished": self.core.num_unfinished,
+                "num_log_rows_waiting": self.core.log.num_pending_rows()}
 
     async def metrics(self) -> dict[str, float]:
         return self.core.metrics() | {f"{name}_wait_s": seconds for name, seconds in self.wait_s.items()}

@@ -1,9 +1,12 @@
-"""The replay buffer's checkpoint files: its state dict as parquet tables (ledger.parquet carries the
-scalars). Plain functions, called inside the buffer actor (`ReplayBuffer.save`/`load`)."""
+"""The replay buffer's checkpoint files: its state dict as parquet tables (ledger.parquet holds the
+in-flight ledger rows and carries the scalars, among them the cut of the run's ledger log, where the
+finished rows and the events are: `rlactors.buffer.ledger_log`). Plain functions, called inside
+the buffer actor (`ReplayBuffer.save`/`load`)."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from pathlib import Path
@@ -39,10 +42,14 @@ EVENTS_SCHEMA = pa.schema([
 _META_KEY = b"rlactors.buffer"
 
 
-def _json_text(value, where: str) -> str:
-    """JSON for a free-form dict, refusing values JSON would not give back identically."""
+def json_text(value, where: str, allow_nan: bool = True) -> str:
+    """JSON for a free-form dict, refusing values JSON would not give back identically (and, with
+    `allow_nan=False`, NaN and infinities, which strict JSON and most readers refuse); the error
+    names `where` and the key path."""
 
     def check(item, path: str) -> None:
+        if isinstance(item, float) and not allow_nan and not math.isfinite(item):
+            raise ValueError(f"{where}{path}: {item!r} is not a finite number; store null for a missing value")
         if isinstance(item, dict):
             for key, child in item.items():
                 if not isinstance(key, str):
@@ -61,13 +68,13 @@ def _json_text(value, where: str) -> str:
 def _request_row(request: PromptRequest, where: str) -> dict:
     return dict(prompt_id=request.prompt_id, group_id=request.group_id, prompt_token_ids=request.prompt_token_ids,
                 data_source=request.data_source, ground_truth=request.ground_truth,
-                extra_info=_json_text(request.extra_info, f"{where} extra_info"))
+                extra_info=json_text(request.extra_info, f"{where} extra_info"))
 
 
 def _group_row(group: Group, epoch: int, batch_id: int) -> dict:
     where = f"prompt_id {group.prompt_id!r} group_id {group.group_id!r}"
     samples = [
-        dict(s.__dict__, score_details=_json_text(s.score_details, f"{where} sample {s.sample_index} score_details"))
+        dict(s.__dict__, score_details=json_text(s.score_details, f"{where} sample {s.sample_index} score_details"))
         for s in group.samples
     ]
     return dict(batch_id=batch_id, epoch=epoch, **_request_row(group.request, where), samples=samples)
@@ -83,7 +90,7 @@ def _group_from(row: dict) -> Group:
     return Group(_request_from(row), samples)
 
 
-def _table(rows: list[dict], schema: pa.Schema, what: str) -> pa.Table:
+def to_table(rows: list[dict], schema: pa.Schema, what: str) -> pa.Table:
     try:
         return pa.Table.from_pylist(rows, schema=schema)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
@@ -106,13 +113,12 @@ def save_buffer_state(state: dict, path: str | Path) -> None:
     groups = [_group_row(group, epoch, -1) for epoch, group in state["queue"]]
     for batch in state["unacked"]:
         groups += [_group_row(g, e, batch["batch_id"]) for g, e in zip(batch["groups"], batch["epochs"], strict=True)]
-    scalars = {k: v for k, v in state.items() if k not in ("entries", "requests", "queue", "events")}
+    scalars = {k: v for k, v in state.items() if k not in ("entries", "requests", "queue")}
     scalars["unacked"] = [{k: v for k, v in b.items() if k not in ("groups", "epochs")} for b in state["unacked"]]
-    ledger = _table(state["entries"], LEDGER_SCHEMA, "ledger")
+    ledger = to_table(state["entries"], LEDGER_SCHEMA, "ledger")
     pq.write_table(ledger.replace_schema_metadata({_META_KEY: json.dumps(scalars)}), scratch / "ledger.parquet")
-    pq.write_table(_table(requests, REQUESTS_SCHEMA, "requests"), scratch / "requests.parquet")
-    pq.write_table(_table(groups, GROUPS_SCHEMA, "groups"), scratch / "groups.parquet")
-    pq.write_table(_table(state["events"], EVENTS_SCHEMA, "events"), scratch / "events.parquet")
+    pq.write_table(to_table(requests, REQUESTS_SCHEMA, "requests"), scratch / "requests.parquet")
+    pq.write_table(to_table(groups, GROUPS_SCHEMA, "groups"), scratch / "groups.parquet")
     previous = path.with_name(path.name + ".previous")
     if path.exists():
         os.replace(path, previous)
@@ -120,16 +126,25 @@ def save_buffer_state(state: dict, path: str | Path) -> None:
     shutil.rmtree(previous, ignore_errors=True)
 
 
-def load_buffer_state(path: str | Path) -> dict:
-    """Read a folder written by `save_buffer_state` back into a state dict."""
+def _written_folder(path: str | Path) -> Path:
     path = Path(path)
     if not (path / "ledger.parquet").exists() and path.with_name(path.name + ".previous").exists():
-        path = path.with_name(path.name + ".previous")  # a crash hit between the two renames
-    ledger = pq.read_table(path / "ledger.parquet")
-    state = json.loads(ledger.schema.metadata[_META_KEY])
-    state["entries"] = ledger.to_pylist()
+        return path.with_name(path.name + ".previous")  # a crash hit between the two renames
+    return path
+
+
+def load_buffer_scalars(path: str | Path) -> tuple[dict, list[dict]]:
+    """The scalars and the in-flight ledger rows of a folder written by `save_buffer_state`."""
+    ledger = pq.read_table(_written_folder(path) / "ledger.parquet")
+    return json.loads(ledger.schema.metadata[_META_KEY]), ledger.to_pylist()
+
+
+def load_buffer_state(path: str | Path) -> dict:
+    """Read a folder written by `save_buffer_state` back into a state dict."""
+    path = _written_folder(path)
+    state, entries = load_buffer_scalars(path)
+    state["entries"] = entries
     state["requests"] = [(row["epoch"], _request_from(row)) for row in pq.read_table(path / "requests.parquet").to_pylist()]
-    state["events"] = pq.read_table(path / "events.parquet").to_pylist()
     batches = {b["batch_id"]: b | {"groups": [], "epochs": []} for b in state["unacked"]}
     state["queue"] = []
     for row in pq.read_table(path / "groups.parquet").to_pylist():
