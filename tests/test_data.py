@@ -1,8 +1,13 @@
+import datetime
+import decimal
+import json
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rlactors.data import DataError, PromptDataset, read_parquet_rows, to_request, write_rows
+from rlactors.buffer.storage import json_text
+from rlactors.data import DataError, PromptDataset, read_parquet_rows, to_request, validate_rows, write_rows
 from rlactors.models import build_char_tokenizer
 from rlactors.synthetic import arithmetic_rows, gsm8k_rows, make_task_rows, math_rows, write_task
 
@@ -115,3 +120,31 @@ def test_prompt_ids_are_stable_and_requests_tokenize(tmp_path):
     assert chat.group_id.endswith("#2") and tokenizer.decode(chat.prompt_token_ids).endswith("<|im_start|>assistant\n")
     with pytest.raises(DataError, match="synthetic/arithmetic/train/0.*max_prompt_tokens=2"):
         to_request(rows[0], tokenizer, max_prompt_tokens=2)
+
+
+@pytest.mark.parametrize("value, kind", [
+    (datetime.datetime(2024, 5, 1, 12, 0), "datetime"), (b"\x00raw", "bytes"), (decimal.Decimal("1.25"), "Decimal"),
+    (float("nan"), "nan"),
+])
+def test_extra_info_a_checkpoint_cannot_store_is_refused_at_load(tmp_path, value, kind):
+    """Every prompt's extra_info is written (as JSON) into each checkpoint: a value JSON cannot
+    hold exactly is refused when the file is read, naming file, row and field."""
+    rows = arithmetic_rows(3)
+    rows[1]["extra_info"]["when"] = value
+    path = write_rows(rows, tmp_path / "extra.parquet")
+    with pytest.raises(DataError) as error:
+        read_parquet_rows(path)
+    message = str(error.value)
+    assert str(path) in message and "row 1" in message and "extra_info.when" in message and kind in message
+    dataset = PromptDataset.from_files([path], skip_bad_rows=True)
+    assert len(dataset) == 2 and "row 1" in dataset.skipped[0]
+
+
+def test_extra_info_with_non_string_keys_is_refused():
+    records = arithmetic_rows(2)
+    records[1]["extra_info"]["lookup"] = {"ok": [1, 2.5, None, True], 7: "seven"}
+    with pytest.raises(DataError, match=r"mem: row 1: column extra_info\.lookup: key 7 is not a string"):
+        validate_rows(records, "mem")
+    records[1]["extra_info"]["lookup"] = {"ok": [1, 2.5, None, True, {"nested": "text"}]}
+    rows, _ = validate_rows(records, "mem")  # JSON's own types pass and survive a checkpoint exactly
+    assert json.loads(json_text(rows[1].extra_info.model_dump(), "")) == rows[1].extra_info.model_dump()

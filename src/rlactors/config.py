@@ -255,6 +255,10 @@ class PipelineConfig(_Section):
     )
     val_every_steps: int = Field(10, ge=0, description="Validate every this many steps (0: only at start and end).")
     checkpoint_every_steps: int = Field(0, ge=0, description="Checkpoint every this many steps (0: never).")
+    keep_checkpoints: int | None = Field(
+        None, ge=1, description="Keep only the newest this many checkpoints, deleting older ones after each new "
+        "one is committed (never the one `latest` names); null keeps all.",
+    )
     output_dir: str = Field(
         "outputs/run", description="Metrics, plots and checkpoints go here. Made absolute once by the driver; on a "
         "multi-node cluster it must be a path every node sees (a shared filesystem), which the driver checks.",

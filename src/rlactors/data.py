@@ -11,10 +11,18 @@ A row has veRL's columns:
 Every row is validated before anything else starts: a bad row raises `DataError` naming the file,
 row index, column and reason, or, with `skip_bad_rows`, is counted in `PromptDataset.skipped`.
 Each row gets a stable `prompt_id` ("{data_source}/{split}/{index}"), unique within a data set.
+`extra_info` travels with the prompt into every checkpoint (as JSON), so its values must be JSON's:
+str, int, float (finite), bool, null, lists and dicts with string keys; a timestamp, bytes, a
+decimal, NaN or a non-string key is refused here, naming the file, row and field.
+
+`PromptDataset.lock` makes "advance the cursor and hand the rows on" one step for a checkpoint: a
+feeder holds it from `next_batch` until the rows are in their destination (the replay buffer),
+and a checkpoint holds it while it snapshots that destination and the cursor, so the two agree.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +31,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from rlactors.buffer.storage import json_text
 
 COLUMNS = ("data_source", "prompt", "ability", "reward_model", "extra_info")
 
@@ -80,6 +90,10 @@ def validate_rows(records: list[dict], source: str, skip_bad_rows: bool = False)
     for index, record in enumerate(records):
         try:
             row = PromptRow.model_validate(record)
+            try:  # what a checkpoint will write: refused now rather than at the first checkpoint
+                json_text(row.extra_info.model_dump(), f"{source}: row {index}: column extra_info", allow_nan=False)
+            except ValueError as error:
+                raise DataError(f"{error} (extra_info is saved as JSON in every checkpoint)") from None
             if row.prompt_id in seen:
                 raise DataError(
                     f"{source}: row {index}: column extra_info: duplicate prompt_id {row.prompt_id!r} "
@@ -133,7 +147,8 @@ class PromptDataset:
     """Rows in a deterministic, seeded order per epoch, read through a resumable cursor.
 
     Checkpoint (`state_dict`): seed, epoch and position within the epoch; the rows themselves are
-    reloaded from the files, and `load_state_dict` checks their count still matches.
+    reloaded from the files, and `load_state_dict` checks their count still matches. `lock` (see
+    the module docstring) is re-entrant, so a feeder may hold it across calls that take it again.
     """
 
     rows: list[PromptRow]
@@ -142,6 +157,7 @@ class PromptDataset:
     skipped: list[str] = field(default_factory=list)
     epoch: int = 0
     position: int = 0
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.rows:

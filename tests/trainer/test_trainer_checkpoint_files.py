@@ -1,8 +1,13 @@
-"""Atomic checkpoint directories and the `latest` pointer, and the LR schedule: no Ray."""
+"""Atomic, durable checkpoint directories and the `latest` pointer, pruning, refusing checkpoint
+files that would run code, and the LR schedule: no Ray."""
 
 import math
+import os
+import shutil
+from pathlib import Path
 
 import pytest
+import torch
 
 from rlactors.trainer import checkpoint
 from rlactors.trainer.fsdp import lr_multiplier
@@ -22,8 +27,12 @@ def test_commit_moves_into_place_and_points_latest(tmp_path):
     second = _write(tmp_path, 2, "two")
     assert checkpoint.resolve_checkpoint(tmp_path) == second
     assert checkpoint.step_of(second) == 2
-    again = _write(tmp_path, 2, "two again")  # re-saving a step replaces it
+    again = _write(tmp_path, 2, "two again")  # re-saving a step replaces it (under a revision name)
     assert (again / "data").read_text() == "two again"
+    assert checkpoint.latest_checkpoint(tmp_path) == again and checkpoint.step_of(again) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_00000001", "step_00000002.1"]
+    third = _write(tmp_path, 2, "two, third time")  # the canonical name is free again
+    assert third.name == "step_00000002" and (third / "data").read_text() == "two, third time"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_00000001", "step_00000002"]
 
 
@@ -45,6 +54,106 @@ def test_dangling_pointer_and_missing_checkpoint_are_errors(tmp_path):
         checkpoint.latest_checkpoint(tmp_path)
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         checkpoint.resolve_checkpoint(tmp_path / "nothing")
+
+
+def test_resaving_a_step_never_leaves_latest_dangling(tmp_path, monkeypatch):
+    """After every rename, replace and delete a re-save makes, `latest` names a complete checkpoint
+    holding the old or the new data (a kill at any of those points leaves a loadable one)."""
+    _write(tmp_path, 1, "one")
+    _write(tmp_path, 2, "old")
+    seen, broken = [], []
+
+    def check(what):
+        try:
+            seen.append((what, (checkpoint.latest_checkpoint(tmp_path) / "data").read_text()))
+        except (FileNotFoundError, NotADirectoryError) as error:
+            broken.append(f"after {what}: {error}")
+
+    def watched(function, what):
+        def call(*args, **kwargs):
+            result = function(*args, **kwargs)
+            check(what)
+            return result
+        return call
+
+    monkeypatch.setattr(Path, "rename", watched(Path.rename, "rename"))
+    monkeypatch.setattr(os, "replace", watched(os.replace, "replace"))
+    monkeypatch.setattr(shutil, "rmtree", watched(shutil.rmtree, "rmtree"))
+    temp = checkpoint.prepare_temp_dir(tmp_path, 2)
+    (temp / "data").write_text("new")
+    checkpoint.commit(tmp_path, 2)
+    assert not broken, broken
+    assert seen and {data for _, data in seen} <= {"old", "new"} and seen[-1][1] == "new"
+
+
+def test_commit_fsyncs_every_file_and_the_pointer(tmp_path, monkeypatch):
+    synced = []
+    fsync = os.fsync
+
+    def recording_fsync(descriptor):
+        synced.append(os.path.realpath(f"/proc/self/fd/{descriptor}"))
+        fsync(descriptor)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    temp = checkpoint.prepare_temp_dir(tmp_path, 5)
+    (temp / "actor").mkdir()
+    (temp / "actor" / "rank_0.pt").write_bytes(b"state")
+    (temp / "driver.json").write_text("{}")
+    final = checkpoint.commit(tmp_path, 5)
+    # Written under the temp name, so synced there before the rename.
+    for relative in ("", "actor", "actor/rank_0.pt", "driver.json"):
+        assert os.path.realpath(temp / relative) in synced, relative
+    root = os.path.realpath(tmp_path)
+    assert root in synced  # the renames' directory entries
+    pointer = os.path.realpath(tmp_path / "latest.tmp")
+    assert pointer in synced and synced.index(pointer) < len(synced) - 1 and synced[-1] == root
+    assert checkpoint.latest_checkpoint(tmp_path) == final
+
+
+def test_prune_keeps_the_newest_and_never_the_latest(tmp_path):
+    for step in range(1, 6):
+        _write(tmp_path, step, str(step))
+        checkpoint.prune(tmp_path, keep=2)
+    assert [p.name for p in checkpoint.committed_checkpoints(tmp_path)] == ["step_00000004", "step_00000005"]
+    assert checkpoint.prune(tmp_path, keep=None) == []
+    # A run resumed from an earlier step re-saves it: `latest` names it, so it stays. (And what a
+    # kill in the middle of an earlier delete left goes.)
+    (tmp_path / ("step_00000002" + checkpoint.DELETING_SUFFIX)).mkdir()
+    resaved = _write(tmp_path, 1, "one again")
+    deleted = checkpoint.prune(tmp_path, keep=1)
+    assert [p.name for p in deleted] == ["step_00000004"]
+    assert checkpoint.committed_checkpoints(tmp_path) == [resaved, tmp_path / "step_00000005"]
+    assert checkpoint.latest_checkpoint(tmp_path) == resaved
+    assert not any(p.name.endswith(checkpoint.DELETING_SUFFIX) for p in tmp_path.iterdir())
+    with pytest.raises(ValueError, match="keep"):
+        checkpoint.prune(tmp_path, keep=0)
+
+
+class _RunsCode:
+    """Unpickling this calls `open(marker, "w")`: what a crafted checkpoint file could do."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def test_a_checkpoint_file_that_would_run_code_is_refused(tmp_path):
+    marker = tmp_path / "ran"
+    torch.save({"step": 1, "rng": {"python": _RunsCode(marker)}}, tmp_path / "rank_0.pt")
+    with pytest.raises(ValueError, match=r"rank_0\.pt: refused to load"):
+        checkpoint.load_plain(tmp_path / "rank_0.pt")
+    assert not marker.exists()
+    # What a trainer rank file holds loads: tensors, numbers, strings, None, tuples, lists, dicts.
+    import random
+
+    plain = {"step": 3, "role": "actor", "scheduler": {"base_lrs": [0.1], "lr_lambdas": [None]},
+             "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "cuda": None}}
+    torch.save(plain, tmp_path / "rank_1.pt")
+    loaded = checkpoint.load_plain(tmp_path / "rank_1.pt")
+    random.setstate(loaded["rng"]["python"])
+    assert loaded["scheduler"] == plain["scheduler"] and torch.equal(loaded["rng"]["torch"], plain["rng"]["torch"])
 
 
 def test_lr_schedule_warmup_then_decay():

@@ -6,11 +6,18 @@
         buffer/       the replay buffer's state as parquet: ledger, queued groups, in-flight
                       reservations (their prompts are re-issued on resume), counters
         driver.json   step, policy_version, data cursor, KL controller, reward counters
-        driver_rng.pt the driver's Python, NumPy and torch RNG states
+        driver_rng.pt the driver's Python, NumPy and torch RNG states (tensors and plain values only)
     output_dir/checkpoints/latest
 
-The whole directory is written under `step_N.tmp` and renamed into place before `latest` moves
-(`rlactors.trainer.checkpoint.commit`), so a kill mid-write leaves the previous checkpoint loadable.
+The whole directory is written under `step_N.tmp`, fsynced and renamed into place before `latest`
+moves (`rlactors.trainer.checkpoint.commit`), so a kill or power loss mid-write leaves the
+previous checkpoint loadable; `pipeline.keep_checkpoints` then bounds how many stay.
+
+One consistent cut: the buffer's state and the data cursor are snapshotted together under
+`PromptDataset.lock`, which whoever feeds prompts holds from advancing the cursor until the
+prompts are in the buffer (the async producer thread keeps running during a checkpoint). So
+every prompt the saved cursor has passed is in the saved buffer, and none it has not. Generation
+need not pause: open reservations are in the buffer's state and re-issued on resume.
 """
 
 from __future__ import annotations
@@ -20,16 +27,55 @@ import random
 from pathlib import Path
 
 import numpy as np
-import ray
 import torch
 
 from rlactors.trainer import checkpoint
+from rlactors.waits import get_within
 
 DRIVER_FILE = "driver.json"
+RNG_FILE = "driver_rng.pt"
+# Writing or reading the buffer's parquet files is local disk work on what it holds in memory:
+# seconds even for a large queue; past this the buffer actor is stuck.
+BUFFER_TIMEOUT_S = 600.0
 
 
 def checkpoint_root(output_dir: str | Path) -> Path:
     return Path(output_dir) / "checkpoints"
+
+
+def save_prompts(buffer, dataset, path: str | Path) -> dict:
+    """Write the buffer's checkpoint to `path` and return the data cursor of the same instant."""
+    with dataset.lock:  # no prompt can leave the cursor without reaching the buffer meanwhile
+        get_within(buffer.save.remote(str(path)), BUFFER_TIMEOUT_S, f"replay_buffer.save({path})")
+        return dataset.state_dict()
+
+
+def rng_state() -> dict:
+    """The driver process's RNG states as tensors and plain Python values (loadable with
+    `weights_only=True`, no allow-list)."""
+    numpy = np.random.get_state(legacy=False)
+    numpy["state"] = {"key": numpy["state"]["key"].tolist(), "pos": int(numpy["state"]["pos"])}
+    return {"python": random.getstate(), "numpy": numpy, "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    numpy = dict(state["numpy"])
+    numpy["state"] = {"key": np.asarray(numpy["state"]["key"], dtype=np.uint32), "pos": numpy["state"]["pos"]}
+    np.random.set_state(numpy)
+    torch.set_rng_state(state["torch"])
+
+
+def write_driver_files(run, temp: Path, cursor: dict) -> None:
+    driver = {
+        "step": run.step,
+        "policy_version": run.policy_version,
+        "dataset": cursor,
+        "kl_controller": run.kl_controller.state_dict(),
+        "reward": run.reward.state_dict(),
+    }
+    (temp / DRIVER_FILE).write_text(json.dumps(driver, indent=2))
+    torch.save(rng_state(), temp / RNG_FILE)
 
 
 def save_run(run) -> Path:
@@ -38,18 +84,11 @@ def save_run(run) -> Path:
     run.actor.save_checkpoint(str(temp / "actor"), run.step)
     if run.critic is not None:
         run.critic.save_checkpoint(str(temp / "critic"), run.step)
-    ray.get(run.buffer.save.remote(str(temp / "buffer")))  # written by the buffer: its groups skip the driver
-    driver = {
-        "step": run.step,
-        "policy_version": run.policy_version,
-        "dataset": run.dataset.state_dict(),
-        "kl_controller": run.kl_controller.state_dict(),
-        "reward": run.reward.state_dict(),
-    }
-    (temp / DRIVER_FILE).write_text(json.dumps(driver, indent=2))
-    torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
-               temp / "driver_rng.pt")
-    return checkpoint.commit(root, run.step)
+    cursor = save_prompts(run.buffer, run.dataset, temp / "buffer")  # written by the buffer: its groups skip the driver
+    write_driver_files(run, temp, cursor)
+    final = checkpoint.commit(root, run.step)  # fsyncs every file first
+    checkpoint.prune(root, run.config.pipeline.keep_checkpoints)
+    return final
 
 
 def find_resume_point(resume: str, output_dir: str | Path) -> Path | None:
@@ -65,17 +104,16 @@ def load_run(run, path: str | Path) -> None:
     """Restore every actor and the driver from checkpoint `path` (weights are re-sent to the
     engines by the caller, under the restored policy_version)."""
     path = Path(path)
+    rng = checkpoint.load_plain(path / RNG_FILE)  # first: a file that would run code stops everything
     run.actor.load_checkpoint(str(path / "actor"))
     if run.critic is not None:
         run.critic.load_checkpoint(str(path / "critic"))
-    ray.get(run.buffer.load.remote(str(path / "buffer")))
+    get_within(run.buffer.load.remote(str(path / "buffer")), BUFFER_TIMEOUT_S, f"replay_buffer.load({path})")
     driver = json.loads((path / DRIVER_FILE).read_text())
     run.step, run.policy_version = driver["step"], driver["policy_version"]
     run.dataset.load_state_dict(driver["dataset"])
     run.kl_controller.load_state_dict(driver["kl_controller"])
     run.reward.load_state_dict(driver["reward"])
-    ray.get(run.buffer.set_policy_version.remote(run.policy_version))
-    rng = torch.load(path / "driver_rng.pt", weights_only=False)
-    random.setstate(rng["python"])
-    np.random.set_state(rng["numpy"])
-    torch.set_rng_state(rng["torch"])
+    get_within(run.buffer.set_policy_version.remote(run.policy_version), BUFFER_TIMEOUT_S,
+               "replay_buffer.set_policy_version")
+    set_rng_state(rng)

@@ -8,6 +8,11 @@ policy version, as veRL's rollouter does; and the buffer never hands out a group
 Weights are published every `trigger_parameter_sync_step` updates; with `rollout.partial_rollout`
 the engines interrupt in-flight responses at the sync and continue them with the new weights.
 With max_staleness=0, staleness_threshold=0 and trigger 1 this trains exactly like colocated.
+
+Checkpoints are taken by the trainer loop while the producer keeps generating: the producer feeds
+prompts under `PromptDataset.lock` (cursor advance and `add_prompts` as one step), and the
+checkpoint snapshots the buffer and the cursor under the same lock, so they always agree (see
+`rlactors.pipelines.checkpointing`).
 """
 
 from __future__ import annotations
@@ -31,6 +36,13 @@ from rlactors.pipelines.common import (
     sync_weights,
     update,
 )
+
+
+def feed_prompts_under_lock(run: Run, num_prompts: int) -> None:
+    """`feed_prompts` as one step for a concurrent checkpoint: the cursor never stands past a
+    prompt the buffer does not hold yet (nor mid-way through an epoch rollover) while it snapshots."""
+    with run.dataset.lock:
+        feed_prompts(run, num_prompts)
 
 
 class Producer(threading.Thread):
@@ -67,7 +79,7 @@ class Producer(threading.Thread):
                         continue
                 pending = ray.get(run.buffer.metrics.remote())["num_pending"]
                 if pending < self.batch_size:
-                    feed_prompts(run, self.batch_size - pending)
+                    feed_prompts_under_lock(run, self.batch_size - pending)
                 try:
                     produced += produce(run, min(self.batch_size, self.quota - produced), "producer", timeout_s=0.5)
                 except TimeoutError:

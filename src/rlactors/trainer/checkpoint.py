@@ -1,31 +1,46 @@
-"""Atomic checkpoint directories and the `latest` pointer.
+"""Atomic, durable checkpoint directories and the `latest` pointer.
 
 Layout under a checkpoint root:
 
     root/step_00000012/      a complete checkpoint (only ever appears by rename)
+    root/step_00000012.1/    the same step saved again (a re-save never renames the one `latest`
+                             names; the superseded copy is deleted once `latest` moved)
     root/step_00000014.tmp/  a checkpoint being written (or left by a kill mid-write: ignored)
     root/latest              text file naming the newest complete checkpoint ("step_00000012")
 
-Writers fill `temp_dir(root, step)`, then `commit(root, step)` renames it into place and rewrites
-`latest` by write-to-temp + `os.replace`, so a reader sees either the old or the new checkpoint,
-never a partial one. A trainer checkpoint itself (written by `TrainerWorker.save_checkpoint`) holds:
-model and optimizer state as torch.distributed.checkpoint (DCP) shards, and one
-`rank_<r>.pt` per rank with the LR scheduler, step counters and RNG states. Every rank must see the
-same filesystem path (one machine, or a shared filesystem).
+Writers fill `temp_dir(root, step)`, then `commit(root, step)` fsyncs every file and directory in
+it, renames it into place and rewrites `latest` by write-to-temp + fsync + `os.replace` + fsync of
+the root, so a reader (even after a power loss) sees either the old or the new checkpoint, never a
+partial one, and `latest` always names a directory that exists. `prune(root, keep)` then deletes
+all but the newest `keep` committed checkpoints, never the one `latest` names.
+
+A trainer checkpoint itself (written by `TrainerWorker.save_checkpoint`) holds: model and optimizer
+state as torch.distributed.checkpoint (DCP) shards, and one `rank_<r>.pt` per rank with the LR
+scheduler, step counters and RNG states, read back by `load_plain` (tensors and plain Python
+values only: a file that would run code when unpickled is refused). Every rank must see the same
+filesystem path (one machine, or a shared filesystem).
 """
 
 from __future__ import annotations
 
 import os
+import pickle
+import re
 import shutil
 from pathlib import Path
 
+import torch
+
 LATEST = "latest"
 TEMP_SUFFIX = ".tmp"
+DELETING_SUFFIX = ".deleting"
+# A committed checkpoint's name: the step, and a revision number when the step was saved again.
+COMMITTED = re.compile(r"step_(\d+)(?:\.(\d+))?")
 
 
-def checkpoint_name(step: int) -> str:
-    return f"step_{step:08d}"
+def checkpoint_name(step: int, revision: int = 0) -> str:
+    name = f"step_{step:08d}"
+    return f"{name}.{revision}" if revision else name
 
 
 def temp_dir(root: str | Path, step: int) -> Path:
@@ -41,22 +56,98 @@ def prepare_temp_dir(root: str | Path, step: int) -> Path:
     return path
 
 
-def commit(root: str | Path, step: int) -> Path:
-    """Move the finished temp directory into place and point `latest` at it."""
+# --------------------------------------------------------------------------------------------
+# Durability: a rename is only as durable as the data it moves and the directory holding it.
+
+
+def fsync_path(path: str | Path) -> None:
+    """Flush one file's or directory's contents (a directory's: its entries) to the disk."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def fsync_tree(path: str | Path) -> None:
+    """fsync every file and directory under `path`, children before their directory."""
+    for directory, _, files in os.walk(path, topdown=False):
+        for name in files:
+            fsync_path(os.path.join(directory, name))
+        fsync_path(directory)
+
+
+def write_durably(path: str | Path, data: bytes) -> None:
+    """Replace `path` with `data` atomically and durably: temp file, fsync, rename, fsync the directory."""
+    path = Path(path)
+    temp = path.with_name(path.name + TEMP_SUFFIX)
+    with open(temp, "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temp, path)
+    fsync_path(path.parent)
+
+
+# --------------------------------------------------------------------------------------------
+# Commit, prune, find
+
+
+def committed_checkpoints(root: str | Path) -> list[Path]:
+    """The committed checkpoint directories under `root`, oldest first (by step, then revision)."""
     root = Path(root)
-    final = root / checkpoint_name(step)
-    if final.exists():  # re-saving a step: move the old one aside so the rename cannot fail
-        stale = root / (checkpoint_name(step) + ".old")
-        shutil.rmtree(stale, ignore_errors=True)
-        final.rename(stale)
-        temp_dir(root, step).rename(final)
-        shutil.rmtree(stale)
-    else:
-        temp_dir(root, step).rename(final)
-    pointer = root / (LATEST + TEMP_SUFFIX)
-    pointer.write_text(final.name + "\n")
-    os.replace(pointer, root / LATEST)
+    if not root.is_dir():
+        return []
+    found = []
+    for path in root.iterdir():
+        match = COMMITTED.fullmatch(path.name)
+        if match and path.is_dir():
+            found.append((int(match[1]), int(match[2] or 0), path))
+    return [path for _, _, path in sorted(found)]
+
+
+def _delete(path: Path) -> None:
+    """Remove a checkpoint directory: renamed out of the committed names first, so a kill
+    mid-delete never leaves a half-deleted directory that looks committed."""
+    doomed = path.with_name(path.name + DELETING_SUFFIX)
+    shutil.rmtree(doomed, ignore_errors=True)
+    path.rename(doomed)
+    shutil.rmtree(doomed)
+
+
+def commit(root: str | Path, step: int) -> Path:
+    """Make the finished temp directory durable, move it into place and point `latest` at it.
+    Returns the committed directory (`step_N`, or `step_N.<revision>` when step N existed)."""
+    root = Path(root)
+    fsync_tree(temp_dir(root, step))
+    # Re-saving a step: the new copy takes a free revision name, so the copy `latest` may name
+    # stays in place until `latest` names the new one.
+    superseded = [path for path in committed_checkpoints(root) if step_of(path) == step]
+    taken = {path.name for path in superseded}
+    revision = next(r for r in range(len(taken) + 1) if checkpoint_name(step, r) not in taken)
+    final = root / checkpoint_name(step, revision)
+    temp_dir(root, step).rename(final)
+    fsync_path(root)
+    write_durably(root / LATEST, (final.name + "\n").encode())
+    for path in superseded:
+        _delete(path)
+    for leftover in root.glob("*" + DELETING_SUFFIX):  # a kill interrupted an earlier delete
+        shutil.rmtree(leftover, ignore_errors=True)
     return final
+
+
+def prune(root: str | Path, keep: int | None) -> list[Path]:
+    """Delete all but the newest `keep` committed checkpoints (None: keep all), never the one
+    `latest` names. Returns the deleted paths."""
+    if keep is None:
+        return []
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1 or None, got {keep}")
+    protected = latest_checkpoint(root)
+    doomed = [path for path in committed_checkpoints(root)[:-keep] if path != protected]
+    for path in doomed:
+        _delete(path)
+    return doomed
 
 
 def latest_checkpoint(root: str | Path) -> Path | None:
@@ -77,13 +168,27 @@ def resolve_checkpoint(path: str | Path) -> Path:
         return latest_checkpoint(path)
     if path.name.endswith(TEMP_SUFFIX):
         raise ValueError(f"{path} is an unfinished checkpoint (a write was interrupted); load a committed one")
+    if path.name.endswith(DELETING_SUFFIX):
+        raise ValueError(f"{path} is a checkpoint being deleted; load a committed one")
     if not path.is_dir():
         raise FileNotFoundError(f"no checkpoint at {path}")
     return path
 
 
 def step_of(path: str | Path) -> int:
-    name = Path(path).name
-    if not name.startswith("step_"):
-        raise ValueError(f"{path}: not a checkpoint directory name (expected step_<number>)")
-    return int(name.removeprefix("step_"))
+    match = COMMITTED.fullmatch(Path(path).name)
+    if match is None:
+        raise ValueError(f"{path}: not a checkpoint directory name (expected step_<number>[.<revision>])")
+    return int(match[1])
+
+
+def load_plain(path: str | Path) -> dict:
+    """A `torch.save` file holding only tensors and plain Python values (dicts, lists, tuples,
+    numbers, strings, None). Anything else (a pickled class or function: what would run code on
+    load) is refused with an error naming the file."""
+    try:
+        return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as error:
+        reason = str(error).splitlines()[-1] if str(error) else type(error).__name__
+        raise ValueError(f"{path}: refused to load: it holds more than tensors and plain Python values "
+                         f"(a checkpoint file that could run code when read). {reason}") from None

@@ -368,7 +368,7 @@ class TrainerWorker:
                            optim_state_dict=state["optimizer"])
         else:
             set_state_dict(self.model, [], model_state_dict=state["model"], optim_state_dict={})
-        extra = torch.load(path / f"rank_{self.rank}.pt", weights_only=False)
+        extra = checkpoint.load_plain(path / f"rank_{self.rank}.pt")  # refuses a file that would run code
         self.num_optimizer_steps, self.num_skipped_steps = extra["num_optimizer_steps"], extra["num_skipped_steps"]
         if self.scheduler is not None:
             self.scheduler.load_state_dict(extra["scheduler"])
