@@ -71,3 +71,11 @@ def test_setting_one_validation_field_keeps_validation_greedy():
     assert (validation.max_response_tokens, validation.temperature, validation.num_samples_per_prompt) == (4, 0.0, 1)
     assert config.rollout.sampling.temperature == 1.0 and config.rollout.sampling.num_samples_per_prompt == 8
     assert load_config(None, ["rollout.validation_sampling.temperature=0.6"]).rollout.validation_sampling.temperature == 0.6
+
+
+def test_building_a_model_needs_a_preset():
+    with pytest.raises(ConfigError, match=r"model.*build_if_missing needs model\.preset"):
+        load_config(None, ["model.build_if_missing=true"])
+    config = load_config(None, ["model.build_if_missing=true", "model.preset=tiny"])
+    assert (config.model.build_if_missing, config.model.preset) == (True, "tiny")
+    assert Config().model.build_if_missing is False and Config().model.preset is None  # nothing is built unasked

@@ -4,12 +4,16 @@ import json
 import pytest
 import torch
 
+from rlactors.config import ModelConfig
 from rlactors.models import (
     EOS_TOKEN,
+    ModelPathError,
     build_char_tokenizer,
     build_tiny_model,
     count_parameters,
     ensure_model,
+    ensure_run_model,
+    is_model_folder,
     load_model,
     load_tokenizer,
 )
@@ -54,13 +58,42 @@ def test_tokenizer_is_character_level_and_lossless(tiny_model_dir):
     assert tokenizer(text)["input_ids"] == build_char_tokenizer()(text)["input_ids"]
 
 
-def test_ensure_model_builds_once_and_refuses_an_empty_real_path(tmp_path):
-    path = ensure_model(tmp_path / "m", preset="tiny")
+def test_ensure_model_builds_only_when_asked_and_says_where(tmp_path, capsys):
+    with pytest.raises(ModelPathError, match=r"does not exist.*model\.build_if_missing=true"):
+        ensure_model(tmp_path / "m", preset="tiny")
+    assert not (tmp_path / "m").exists()
+    path = ensure_model(tmp_path / "m", preset="tiny", build_if_missing=True)
+    assert f"building a random-init 'tiny' qwen2 model (seed 0) at {path.absolute()}" in capsys.readouterr().out
     stamp = (path / "model.safetensors").stat().st_mtime_ns
-    assert ensure_model(path, preset="tiny") == path
+    assert ensure_model(path, preset="tiny", build_if_missing=True) == path
+    assert ensure_model(path, preset=None) == path
     assert (path / "model.safetensors").stat().st_mtime_ns == stamp
-    with pytest.raises(FileNotFoundError, match="model.preset is null"):
-        ensure_model(tmp_path / "empty", preset=None)
+    assert capsys.readouterr().out == ""
+    with pytest.raises(ModelPathError, match="model.preset is null"):
+        ensure_model(tmp_path / "empty", preset=None, build_if_missing=True)
+
+
+def test_ensure_model_never_builds_over_other_files_or_a_different_model(tmp_path):
+    partial = tmp_path / "Qwen3-8B"
+    partial.mkdir()
+    (partial / "config.json").write_text("{}")  # a checkpoint still being copied: no weights yet
+    with pytest.raises(ModelPathError, match="holds files but no model"):
+        ensure_model(partial, preset="tiny", build_if_missing=True)
+    assert [p.name for p in partial.iterdir()] == ["config.json"]
+    built = ensure_model(tmp_path / "tiny", preset="tiny", build_if_missing=True)
+    with pytest.raises(ModelPathError, match="'preset': 'tiny'.*not the configured.*'preset': 'small'"):
+        ensure_model(built, preset="small", build_if_missing=True)
+
+
+def test_a_run_builds_its_model_only_inside_its_output_dir_or_when_asked(tmp_path):
+    output_dir = tmp_path / "run"
+    typo = ModelConfig(path=str(tmp_path / "models" / "Qwen3-8b"), preset="tiny")
+    with pytest.raises(ModelPathError, match="Qwen3-8b"):
+        ensure_run_model(typo, output_dir)
+    assert not (tmp_path / "models").exists()
+    assert is_model_folder(ensure_run_model(typo.model_copy(update={"build_if_missing": True}), output_dir))
+    inside = ModelConfig(path=str(output_dir / "model"), preset="tiny")
+    assert is_model_folder(ensure_run_model(inside, output_dir))
 
 
 @pytest.mark.vllm

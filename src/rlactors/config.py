@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class ConfigError(ValueError):
@@ -30,12 +30,19 @@ class ModelConfig(_Section):
     path: str = Field(
         ".cache/models/small",
         description="Local Hugging Face model folder (config.json, safetensors, tokenizer). "
-        "A real checkpoint such as a Qwen3-8B folder loads through the same code.",
+        "A real checkpoint such as a Qwen3-8B folder loads through the same code. A folder without a "
+        "model is an error, unless `build_if_missing` is on or the folder is inside pipeline.output_dir: "
+        "then a random-init `preset` model is built there.",
     )
     preset: Literal["tiny", "small"] | None = Field(
-        "small",
-        description="If set and `path` holds no model yet, build a random-init model of this size "
-        "there (tiny ~0.3M, small ~3M params). Set to null for real checkpoints.",
+        None,
+        description="Size of the random-init model built at `path` when it is allowed to be built "
+        "(tiny ~0.3M, small ~3M params); null never builds one.",
+    )
+    build_if_missing: bool = Field(
+        False, description="Build a random-init `preset` model at `path` if that folder is absent or empty "
+        "(announced on stdout). Off, a `path` outside pipeline.output_dir without a model is an error, so a "
+        "mistyped path never trains a new random model.",
     )
     architecture: Literal["qwen2", "qwen3"] = Field(
         "qwen2", description="Architecture of a model built from `preset`."
@@ -44,6 +51,12 @@ class ModelConfig(_Section):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Weight dtype for rollout and training; auto is float32 on CPU, bfloat16 on GPU."
     )
+
+    @model_validator(mode="after")
+    def _build_needs_a_preset(self) -> ModelConfig:
+        if self.build_if_missing and self.preset is None:
+            raise ValueError("model.build_if_missing needs model.preset (tiny or small): the size of the model to build")
+        return self
 
 
 class SamplingConfig(_Section):
@@ -240,7 +253,10 @@ class DataConfig(_Section):
     chat_template: bool = Field(
         False, description="Format prompts with the tokenizer's chat template; off joins message contents."
     )
-    max_prompt_tokens: int = Field(128, ge=1, description="Longer prompts are an error naming the prompt_id.")
+    max_prompt_tokens: int | None = Field(
+        None, ge=1, description="Longer prompts are an error naming the prompt_id; with the larger "
+        "max_response_tokens it must fit rollout.max_model_len. Null: whatever leaves room for the response.",
+    )
     skip_bad_rows: bool = Field(False, description="Skip and count malformed rows instead of failing.")
     shuffle: bool = Field(True, description="Shuffle each epoch from the seed.")
     seed: int = Field(0, description="Shuffle and generator seed.")

@@ -16,7 +16,7 @@ from pathlib import Path
 import ray
 
 from rlactors.config import Config, load_config
-from rlactors.models import ensure_model, load_tokenizer
+from rlactors.models import ensure_run_model, load_tokenizer
 from rlactors.pipelines.common import data_files, init_ray, seed_everything
 from rlactors.trainer.batch import TrainBatch
 from rlactors.trainer.group import TrainerGroup
@@ -94,7 +94,7 @@ def run_demo(overrides: list[str] | None = None) -> int:
     seed_everything(config.pipeline.seed)
     output_dir = Path(config.pipeline.output_dir)
     started = time.perf_counter()
-    base = ensure_model(config.model.path, config.model.preset, config.model.seed, config.model.architecture)
+    base = ensure_run_model(config.model, output_dir)  # demo.yaml asks for the small model to be built
     init_ray()
     warm = warm_up(config, base, output_dir / "warm_model")
     print(f"warm-up done in {time.perf_counter() - started:.0f} s; GRPO starts from {warm}", flush=True)

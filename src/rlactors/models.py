@@ -5,6 +5,10 @@ character-level tokenizer (a real Hugging Face fast tokenizer: `tokenizer.json`,
 a chat template) into a local folder that transformers and vLLM both load. A real checkpoint
 (e.g. a local Qwen3-8B folder) goes through the same `load_model` / `load_tokenizer`.
 
+A run's model folder comes from `ensure_run_model`: a folder without a model is an error naming the
+path, unless the user asked for a random-init one there (`model.build_if_missing`, or a path inside
+the run's output dir), which is then built and announced on stdout.
+
 Invariant: the same (preset, architecture, seed) gives byte-identical files.
 """
 
@@ -12,6 +16,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from rlactors.config import ConfigError
 
 PRESETS: dict[str, dict[str, int]] = {
     # ~0.3M parameters: fast enough for every unit test.
@@ -27,6 +33,8 @@ EOS_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 SPECIAL_TOKENS = [PAD_TOKEN, EOS_TOKEN, IM_START, IM_END]
+# Written last by `build_tiny_model`: what the folder was built with.
+BUILD_STAMP = "rlactors_model.json"
 
 
 def byte_level_alphabet() -> list[str]:
@@ -109,7 +117,7 @@ def build_tiny_model(path: str | Path, preset: str = "tiny", seed: int = 0, arch
     model.save_pretrained(path, safe_serialization=True)
     GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id).save_pretrained(path)
     tokenizer.save_pretrained(path)
-    (path / "rlactors_model.json").write_text(
+    (path / BUILD_STAMP).write_text(
         json.dumps({"preset": preset, "architecture": architecture, "seed": seed}, indent=2) + "\n"
     )
     return path
@@ -120,16 +128,62 @@ def is_model_folder(path: str | Path) -> bool:
     return (path / "config.json").is_file() and (any(path.glob("*.safetensors")) or any(path.glob("*.bin")))
 
 
-def ensure_model(path: str | Path, preset: str | None, seed: int = 0, architecture: str = "qwen2") -> Path:
-    """Return `path`, building a tiny model there first if it holds none and a preset is given."""
+def built_with(path: str | Path) -> dict | None:
+    """(preset, architecture, seed) of a model `build_tiny_model` wrote at `path`, or None."""
+    try:
+        return json.loads((Path(path) / BUILD_STAMP).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class ModelPathError(ConfigError, FileNotFoundError):
+    """`model.path` holds no usable model and none may be built there; the message says what to do.
+    A `ConfigError`, so the command line prints it without a traceback."""
+
+
+HOW_TO_GET_A_MODEL = ("point model.path at a Hugging Face model folder (config.json + *.safetensors), or set "
+                      "model.build_if_missing=true and model.preset=tiny|small to build a random-init model there")
+
+
+def ensure_model(path: str | Path, preset: str | None, seed: int = 0, architecture: str = "qwen2",
+                 build_if_missing: bool = False) -> Path:
+    """`path` if it holds a model. Otherwise build a random-init `preset` model there, saying so on
+    stdout, but only when `build_if_missing` and the folder is absent or empty: a mistyped path, or
+    a real checkpoint still being copied, is an error naming the path, never a new random model.
+
+    With `build_if_missing`, a folder this function built earlier must match (preset, architecture,
+    seed): a changed preset rebuilds nothing silently, it is an error."""
     path = Path(path)
+    stamp = built_with(path)
+    wanted = {"preset": preset, "architecture": architecture, "seed": seed}
     if is_model_folder(path):
+        if build_if_missing and preset is not None and stamp is not None and stamp != wanted:
+            raise ModelPathError(
+                f"model.path {str(path)!r} holds a random-init model built with {stamp}, not the configured "
+                f"{wanted}: delete the folder to rebuild it, or point model.path elsewhere"
+            )
         return path
+    where = f"model.path {str(path)!r} ({path.absolute()})"
+    if not build_if_missing:
+        state = "does not exist" if not path.exists() else "holds no model (config.json + *.safetensors)"
+        raise ModelPathError(f"{where} {state}: {HOW_TO_GET_A_MODEL}")
     if preset is None:
-        raise FileNotFoundError(
-            f"model.path {str(path)!r} holds no model (config.json + *.safetensors) and model.preset is null"
-        )
+        raise ModelPathError(f"{where} holds no model and model.preset is null, so there is nothing to build: "
+                             f"{HOW_TO_GET_A_MODEL}")
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise ModelPathError(f"{where} holds files but no model (config.json + *.safetensors): not building a "
+                             "random-init model over them; empty the folder or point model.path elsewhere")
+    print(f"building a random-init {preset!r} {architecture} model (seed {seed}) at {path.absolute()}", flush=True)
     return build_tiny_model(path, preset=preset, seed=seed, architecture=architecture)
+
+
+def ensure_run_model(model, output_dir: str | Path) -> Path:
+    """The model folder of a run's `model` config (a `rlactors.config.ModelConfig`). A missing one is
+    built only where the user asked for it: `model.build_if_missing`, or a `model.path` inside the
+    run's own `output_dir` (a folder only this run writes)."""
+    inside_output = Path(model.path).absolute().resolve().is_relative_to(Path(output_dir).absolute().resolve())
+    return ensure_model(model.path, model.preset, model.seed, model.architecture,
+                        build_if_missing=model.build_if_missing or inside_output)
 
 
 def load_tokenizer(path: str | Path):
