@@ -145,6 +145,9 @@ class RewardConfig(_Section):
         None, description="User scorer as 'module:function' or 'path/to/file.py:function' with veRL's signature."
     )
     overlong: OverlongConfig = Field(default_factory=OverlongConfig, description="DAPO overlong shaping.")
+    max_failed_steps: int = Field(
+        3, ge=0, description="Stop the run after this many steps in a row where scoring failed on every sample; 0 never stops."
+    )
 
 
 class BufferConfig(_Section):

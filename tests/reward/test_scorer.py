@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 import ray
 
 from rlactors.config import OverlongConfig, RewardConfig
+from rlactors.reward.failures import ScoringFailedError
 from rlactors.reward.scorer import RewardPool, RewardScorer
 from rlactors.types import Group, PromptRequest, Sample
 
@@ -34,6 +38,14 @@ USER_FUNCTIONS = textwrap.dedent(
             os._exit(3)
         if solution_str == "slow":
             time.sleep(0.5)
+        if solution_str == "mutate":  # 1.0 only if no other sample's call changed this dict
+            extra_info.setdefault("seen", []).append(1)
+            return float(len(extra_info["seen"]))
+        if solution_str == "spawn":  # a grandchild that outlives the call
+            child = subprocess.Popen(["sleep", "600"])
+            with open(os.path.join(extra_info["pid_dir"], f"spawn.{child.pid}"), "w") as handle:
+                handle.write(str(os.getpid()))
+            return 1.0
         return {"score": float(solution_str == ground_truth), "acc": solution_str == ground_truth,
                 "pid": os.getpid()}
     """
@@ -214,3 +226,57 @@ def test_bad_configuration_fails_before_scoring(ray_session, tmp_path):
         RewardPool(
             RewardConfig(overlong=OverlongConfig(enable=True, buffer_tokens=16)), max_response_tokens=8
         )
+
+
+def test_each_sample_gets_its_own_extra_info(user_pool):
+    group = make_group("i0", "x", "ok", ["mutate"] * 4)
+    scored = ray.get(user_pool.score(group))
+    assert scored.scores == [1.0] * 4  # each call saw a fresh copy of the request's dict
+    assert "seen" not in scored.request.extra_info
+
+
+def test_step_where_every_sample_failed_stops_after_max_failed_steps(user_pool):
+    user_pool.failures.num_failed_steps = 0
+    failed = ray.put([ray.get(user_pool.score(make_group("f0", "x", "ok", ["raise", "raise"])))])
+    fine = ray.put([ray.get(user_pool.score(make_group("f1", "x", "ok", ["raise", "ok"])))])
+    user_pool.check_step(2, 2, failed)
+    user_pool.check_step(2, 1, fine)  # one scored sample: the streak starts again
+    user_pool.check_step(2, 2, failed)
+    user_pool.check_step(2, 2, failed)
+    with pytest.raises(ScoringFailedError, match=r"3 steps in a row .* first error: prompt_id=f0 sample_index=0: "
+                                                 r"ZeroDivisionError"):
+        user_pool.check_step(2, 2, failed)
+
+
+def wait_until_gone(pids: list[int], timeout_s: float = 60.0) -> list[int]:
+    """The pids still alive after `timeout_s` (a hang guard; normally they go within a second)."""
+    deadline = time.monotonic() + timeout_s
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return [pid for pid in pids if alive(pid)]
+
+
+@pytest.mark.timeout(300)
+def test_grandchildren_die_with_a_killed_scorer_and_with_the_pool(ray_session, tmp_path):
+    path = tmp_path / "user_rewards.py"
+    path.write_text(USER_FUNCTIONS)
+    pool = RewardPool(RewardConfig(num_workers=1, custom_function=f"{path}:compute_score"))
+    try:
+        def spawn() -> tuple[int, int]:
+            before = set(tmp_path.glob("spawn.*"))
+            assert ray.get(pool.score(make_group("g0", "x", "ok", ["spawn"], pid_dir=str(tmp_path)))).scores == [1.0]
+            (record,) = set(tmp_path.glob("spawn.*")) - before
+            return int(record.read_text()), int(record.suffix[1:])  # worker, grandchild
+
+        worker, grandchild = spawn()
+        assert alive(grandchild)
+        actor_pid = int(Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[1])  # the ppid
+        os.kill(actor_pid, signal.SIGKILL)  # Ray restarts the scorer; its old worker must take its group along
+        assert wait_until_gone([worker, grandchild]) == []
+
+        worker, grandchild = spawn()  # the restarted scorer
+        pool.shutdown()
+        assert wait_until_gone([worker, grandchild]) == []
+    finally:
+        if pool.actors:
+            pool.shutdown()

@@ -9,7 +9,8 @@ Refs in, refs out: Ray resolves the group refs given as top-level arguments insi
 the driver never fetches a group to score it and scoring overlaps with generation. Scored groups
 stay in the object store (`rlactors.transport`), whatever their size.
 
-Each actor owns one persistent worker subprocess that runs the scoring function (see `worker_main`).
+Each actor owns one persistent worker subprocess that runs the scoring function
+(`rlactors.reward.worker`: how it and the processes a user function starts are stopped).
 The actor sends it a batch and waits at most `timeout_s` for each sample's result. Past that it
 kills the subprocess's whole process group, so the work really stops (math-verify's SIGALRM
 timeout raises ValueError off the main thread, e.g. in a threaded actor, fires only where the
@@ -18,36 +19,38 @@ timeout against that sample, starts a fresh subprocess and goes on with the next
 
 A sample whose function raises, hangs, returns NaN or a wrong type, or kills its process, gets
 score 0.0 and `score_error = "prompt_id=... sample_index=...: <exception>"`; the batch goes on.
+When every sample of `reward.max_failed_steps` steps in a row failed, `RewardPool.check_step`
+stops the run with the first error (`rlactors.reward.failures`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
-import signal
 import subprocess
-import sys
-import threading
 import time
 from dataclasses import replace
-from functools import partial
-from multiprocessing.connection import Connection, Pipe
 from pathlib import Path
 from typing import Any
 
 import ray
 
 from rlactors.config import RewardConfig
-from rlactors.reward.scoring import check_score, default_compute_score, load_user_function, overlong_penalty
+from rlactors.reward.failures import FailureStreak
+from rlactors.reward.scoring import load_user_function, overlong_penalty
+from rlactors.reward.worker import kill_process_group, start_worker, stop_worker, worker_main
 from rlactors.transport import results_in_object_store
 from rlactors.types import Group, Sample
+from rlactors.waits import get_within
+
+__all__ = ["RewardPool", "RewardScorer", "resolve_function_spec", "worker_main"]  # the worker's command line imports worker_main from here
 
 logger = logging.getLogger(__name__)
 
-WORKER_STARTUP_TIMEOUT_S = 120.0  # importing sympy and the user's module; generous on a busy machine
-MAX_ERROR_CHARS = 2000
+# Closing a scorer stops its worker: a fraction of a second; past this the actor is stuck.
+CLOSE_TIMEOUT_S = 20.0
+# Starting a scorer imports sympy and the user's module in its worker (see WORKER_STARTUP_TIMEOUT_S).
+STARTUP_TIMEOUT_S = 300.0
 NUM_ERRORS_LOGGED = 20  # per actor; every error is also kept in Sample.score_error and counted
 
 COUNTERS = (
@@ -58,85 +61,6 @@ COUNTERS = (
     "num_worker_restarts",
     "num_rollout_errors",
 )
-
-# --------------------------------------------------------------------------------------------
-# The worker subprocess
-
-
-def _exit_when_orphaned(parent_pid: int) -> None:
-    # If the actor dies (ray.kill sends SIGKILL) the worker must not live on running user code.
-    while os.getppid() == parent_pid:
-        time.sleep(1.0)
-    os._exit(1)
-
-
-def _describe(error: BaseException) -> str:
-    try:
-        text = f"{type(error).__name__}: {error}"
-    except Exception:  # a user exception whose __str__ raises
-        text = type(error).__name__
-    return text[:MAX_ERROR_CHARS]
-
-
-def worker_main(fd: int, custom_function: str, gsm8k_mode: str) -> None:
-    """Loop of the worker subprocess. Receives lists of (data_source, text, ground_truth,
-    extra_info) and sends one (score, details, error) per item, in order, as each finishes."""
-    connection = Connection(fd)
-    threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), daemon=True).start()
-    try:
-        if custom_function:
-            compute_score = load_user_function(custom_function)
-        else:
-            compute_score = partial(default_compute_score, gsm8k_mode=gsm8k_mode)
-    except BaseException as error:
-        connection.send(("failed", _describe(error)))
-        return
-    connection.send(("ready", os.getpid()))
-    while True:
-        try:
-            tasks = connection.recv()
-        except EOFError:  # the actor closed the pipe
-            return
-        for data_source, text, ground_truth, extra_info in tasks:
-            try:
-                score, details = check_score(compute_score(data_source, text, ground_truth, extra_info))
-                connection.send((score, details, None))
-            except BaseException as error:  # SystemExit from user code included: only this sample fails
-                connection.send((0.0, {}, _describe(error)))
-
-
-def _start_worker(custom_function: str | None, gsm8k_mode: str) -> tuple[subprocess.Popen, Connection]:
-    ours, theirs = Pipe()
-    code = "import sys; from rlactors.reward.scorer import worker_main; worker_main(*__import__('json').loads(sys.argv[1]))"
-    arguments = json.dumps([theirs.fileno(), custom_function or "", gsm8k_mode])
-    # The child sees the modules the actor sees (a user function importable here imports there).
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    process = subprocess.Popen(
-        [sys.executable, "-c", code, arguments], pass_fds=(theirs.fileno(),), env=env, start_new_session=True
-    )
-    theirs.close()
-    if not ours.poll(WORKER_STARTUP_TIMEOUT_S):
-        _stop_worker(process, ours)
-        raise RuntimeError(f"reward worker did not start within {WORKER_STARTUP_TIMEOUT_S} s")
-    try:
-        status, detail = ours.recv()
-    except EOFError:
-        _stop_worker(process, ours)
-        raise RuntimeError(f"reward worker exited at startup (exit code {process.wait()})") from None
-    if status != "ready":
-        _stop_worker(process, ours)
-        raise RuntimeError(f"reward worker failed to start: {detail}")
-    return process, ours
-
-
-def _stop_worker(process: subprocess.Popen, connection: Connection) -> None:
-    connection.close()
-    try:
-        os.killpg(process.pid, signal.SIGKILL)  # the group: children the user function started too
-    except ProcessLookupError:
-        pass
-    process.wait()
-
 
 # --------------------------------------------------------------------------------------------
 # The actor
@@ -167,7 +91,7 @@ class RewardScorer:
         )
         self.counts = dict.fromkeys(COUNTERS, 0)
         self.scoring_s = 0.0
-        self.process, self.connection = _start_worker(custom_function, gsm8k_mode)
+        self.process, self.connection = start_worker(custom_function, gsm8k_mode)
 
     def score(self, group: Group) -> Group:
         return self._score_groups([group])[0]
@@ -191,8 +115,12 @@ class RewardScorer:
         self.counts = dict.fromkeys(COUNTERS, 0) | {k: int(v) for k, v in state["counts"].items()}
         self.scoring_s = float(state["scoring_s"])
 
+    def worker_group(self) -> tuple[str, int]:
+        """(node id, pid) of the worker, which leads its process group."""
+        return ray.get_runtime_context().get_node_id(), self.process.pid
+
     def close(self) -> None:
-        _stop_worker(self.process, self.connection)
+        stop_worker(self.process, self.connection)
 
     # ----------------------------------------------------------------------------------------
 
@@ -238,8 +166,8 @@ class RewardScorer:
                             exit_code = None
                         failure = f"RuntimeError: worker process died (exit code {exit_code})"
                 results.append((0.0, {}, failure))
-                _stop_worker(self.process, self.connection)
-                self.process, self.connection = _start_worker(self.custom_function, self.gsm8k_mode)
+                stop_worker(self.process, self.connection)
+                self.process, self.connection = start_worker(self.custom_function, self.gsm8k_mode)
                 self.counts["num_worker_restarts"] += 1
                 break  # resend the tasks not yet answered to the fresh worker
         return results
@@ -286,6 +214,14 @@ def resolve_function_spec(spec: str | None) -> str | None:
     return spec
 
 
+def _is_reward_worker(pid: int) -> bool:
+    # A pid recorded earlier may since belong to another process: kill only a reward worker.
+    try:
+        return "worker_main" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+    except OSError:
+        return False
+
+
 class RewardPool:
     """N `RewardScorer` actors; each call goes to the actor with the fewest groups in flight."""
 
@@ -312,7 +248,11 @@ class RewardPool:
             for _ in range(config.num_workers)
         ]
         self.in_flight: list[list[tuple[ray.ObjectRef, int]]] = [[] for _ in self.actors]
-        ray.get([actor.metrics.remote() for actor in self.actors])  # surface startup errors here
+        self.failures = FailureStreak(config.max_failed_steps)
+        # Startup errors surface here. The worker pids are the first workers' (a timeout restarts one).
+        self.worker_groups: list[tuple[str, int]] = get_within(
+            [actor.worker_group.remote() for actor in self.actors], STARTUP_TIMEOUT_S, "reward scorer startup"
+        )
 
     def score(self, group: Group | ray.ObjectRef) -> ray.ObjectRef:
         """Ref to the scored copy of `group` (a Group or a ref to one)."""
@@ -358,11 +298,41 @@ class RewardPool:
             [actor.load_state_dict.remote(state if i == 0 else empty) for i, actor in enumerate(self.actors)]
         )
 
+    def check_step(self, num_samples: int, num_score_errors: int, groups_ref: ray.ObjectRef | None) -> None:
+        """Count one training step's scoring outcome; raises ScoringFailedError once every sample
+        failed for `reward.max_failed_steps` steps in a row. The first error's text is read from
+        the step's groups (fetched only then, and only once per streak)."""
+
+        def first_error() -> str | None:
+            groups = get_within(groups_ref, STARTUP_TIMEOUT_S, "the failed step's groups") if groups_ref else []
+            return next((s.score_error for g in groups for s in g.samples if s.score_error), None)
+
+        self.failures.record(num_samples, num_score_errors, first_error)
+
     def shutdown(self) -> None:
-        ray.get([actor.close.remote() for actor in self.actors])
-        for actor in self.actors:
+        """Close every scorer (each stops its worker's process group) within CLOSE_TIMEOUT_S, kill
+        the actors, and kill by hand the worker groups on this node of scorers that did not close
+        (elsewhere a worker notices its actor's death and kills its own group)."""
+        refs = [actor.close.remote() for actor in self.actors]
+        closed, _ = ray.wait(refs, num_returns=len(refs), timeout=CLOSE_TIMEOUT_S)
+        closed = set(closed)
+        node_id = ray.get_runtime_context().get_node_id()
+        errors = []
+        for actor, ref, (worker_node, pid) in zip(self.actors, refs, self.worker_groups, strict=True):
+            stopped = ref in closed
+            try:
+                if stopped:
+                    ray.get(ref)
+            except Exception as error:  # noqa: BLE001 - the actor is killed all the same
+                errors.append(f"{type(error).__name__}: {error}")
+                stopped = False
             ray.kill(actor)
-        self.actors, self.in_flight = [], []
+            if not stopped and worker_node == node_id and _is_reward_worker(pid):
+                kill_process_group(pid)
+        self.actors, self.in_flight, self.worker_groups = [], [], []
+        if len(closed) < len(refs) or errors:
+            raise RuntimeError(f"reward scorers: {len(refs) - len(closed)} did not close within "
+                               f"{CLOSE_TIMEOUT_S:g} s; errors: {errors}; all were killed")
 
     def _least_loaded(self) -> int:
         for calls in self.in_flight:

@@ -6,9 +6,11 @@ A dict carries `score` plus extra fields (`acc`, `pred`, ...). `default_compute_
 scorer from `data_source`; a user function with the same signature replaces it everywhere
 (`load_user_function("my_rewards.py:compute_score")`).
 
-None of these functions time out by themselves: sympy (behind math-verify) can hang on adversarial
-input, and a SIGALRM timeout fails outside the main thread and can be swallowed by user code.
-The scorer actor (`rlactors.reward.scorer`) runs them in a subprocess it kills past the limit.
+Each returns within a few seconds on any input, in any thread: the math scorer refuses answers
+too long, too deeply nested or too explosive to evaluate (`9^{9^{9^9}}`, `(10^{10})!`), and gives
+math-verify a deadline that needs no signal (`rlactors.reward.limits`); such an answer scores 0 with
+the reason in `unchecked`. A user function has no such bound: the scorer actor
+(`rlactors.reward.scorer`) runs every function in a subprocess it kills past `reward.timeout_s`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
+
+from rlactors.reward.limits import DeadlineExceeded, call_within, explosion_reason, nesting_reason
 
 GSM8K_SOURCES = frozenset({"openai/gsm8k", "synthetic/gsm8k"})
 MATH_SOURCES = frozenset(
@@ -39,6 +43,8 @@ ARITHMETIC_SOURCES = frozenset({"synthetic/arithmetic"})
 # Longer extracted answers are scored wrong without parsing: no real answer is this long, and
 # handing megabytes of garbage to sympy is how a scorer hangs.
 MAX_ANSWER_CHARS = 1000
+# Parsing and comparing two answers normally takes milliseconds; past this math-verify is stuck.
+MATH_VERIFY_TIMEOUT_S = 3.0
 
 # --------------------------------------------------------------------------------------------
 # GSM8K
@@ -90,6 +96,10 @@ def compute_gsm8k_score(solution_str: str, ground_truth: str, mode: str = "stric
 # MATH
 
 
+# A backslash with the character after it (\{ and \} do not nest), or a brace.
+_BRACE_OR_ESCAPE = re.compile(r"\\.|[{}]", re.DOTALL)
+
+
 def last_boxed_content(text: str) -> str | None:
     """Content of the last `\\boxed{...}` or `\\fbox{...}` (braces balanced, `\\{` `\\}` are literal),
     or of `\\boxed 5` (up to the next `$`). None when absent or unclosed."""
@@ -104,19 +114,15 @@ def last_boxed_content(text: str) -> str | None:
         if i > after_command:  # `\boxed 5`: the answer runs to the closing `$`
             return text[i:].split("$", 1)[0].strip() or None
         return None
-    depth, j = 0, i
-    while j < len(text):
-        char = text[j]
-        if char == "\\":
-            j += 2  # skip the escaped character: \{ and \} do not nest
-            continue
-        if char == "{":
+    depth = 0
+    for match in _BRACE_OR_ESCAPE.finditer(text, i):  # jumps over plain text: linear and fast
+        token = match.group()
+        if token == "{":
             depth += 1
-        elif char == "}":
+        elif token == "}":
             depth -= 1
             if depth == 0:
-                return text[i + 1 : j]
-        j += 1
+                return text[i + 1 : match.start()]
     return None
 
 
@@ -141,13 +147,24 @@ class _DropTimeoutDisabledWarning(logging.Filter):
         return not record.getMessage().startswith("Timeout is disabled")
 
 
+# Pairs that make math-verify import the sympy modules it loads lazily (simplify, solve, sets),
+# once, before any deadline: an import cut short by the deadline would be retried, but slowly.
+_WARM_UP = (("\\frac{1}{2}", "0.5"), ("(x+1)^2", "x^2+2x+1"), ("x=1", "1"), ("(1,2]", "\\{1,2\\}"))
+_warmed_up = False
+
+
 def _math_verify():
+    global _warmed_up
     import math_verify  # imported on first use: sympy takes ~0.4 s to import
 
     for name in ("math_verify.parser", "math_verify.grader"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropTimeoutDisabledWarning) for f in logger.filters):
             logger.addFilter(_DropTimeoutDisabledWarning())
+    if not _warmed_up:
+        _warmed_up = True
+        for gold, pred in _WARM_UP:
+            math_verify.verify(_parse_latex(gold), _parse_latex(pred), timeout_seconds=None)
     return math_verify
 
 
@@ -160,31 +177,69 @@ def _parse_latex(answer: str) -> list:
 
 def math_answers_equal(gold: str, pred: str) -> bool:
     """math-verify equivalence of two LaTeX answers: 3/4 == \\frac{3}{4} == 0.75, intervals,
-    sets; units (`\\text{ cm}`) and degrees (`^\\circ`) are stripped. Over-long answers are unequal."""
-    if not gold.strip() or not pred.strip() or len(pred) > MAX_ANSWER_CHARS:
-        return False
-    gold_parsed, pred_parsed = _parse_latex(gold), _parse_latex(pred)
-    if not gold_parsed or not pred_parsed:
-        return False
-    return bool(_math_verify().verify(gold_parsed, pred_parsed, timeout_seconds=None))
+    sets; units (`\\text{ cm}`) and degrees (`^\\circ`) are stripped. Answers that cannot be
+    checked within a few seconds are unequal (see `compare_math_answers`)."""
+    return compare_math_answers(gold, pred)[0]
+
+
+def compare_math_answers(gold: str, pred: str) -> tuple[bool, str | None]:
+    """(equal, why the prediction could not be checked or None). A prediction over
+    MAX_ANSWER_CHARS, nested too deeply or too explosive to evaluate, or whose comparison runs past
+    MATH_VERIFY_TIMEOUT_S, is unequal. A gold answer nested too deeply or too explosive is a
+    ValueError: no prediction could be checked against it."""
+    if not gold.strip() or not pred.strip():
+        return False, None
+    if len(pred) > MAX_ANSWER_CHARS:
+        return False, f"answer longer than {MAX_ANSWER_CHARS} characters"
+    reason = nesting_reason(gold)
+    if reason is not None:
+        raise ValueError(f"math ground truth {gold[:200]!r} cannot be checked: {reason}")
+    reason = nesting_reason(pred)
+    if reason is not None:
+        return False, f"answer not parsed: {reason}"
+    math_verify = _math_verify()  # imported (and warmed up) outside the deadline
+
+    def parse_and_verify() -> tuple[bool, str | None]:
+        gold_parsed, pred_parsed = _parse_latex(gold), _parse_latex(pred)
+        for item in gold_parsed:
+            reason = explosion_reason(item)
+            if reason is not None:
+                raise ValueError(f"math ground truth {gold[:200]!r} cannot be checked: {reason}")
+        if not gold_parsed or not pred_parsed:
+            return False, None
+        for item in pred_parsed:
+            reason = explosion_reason(item)
+            if reason is not None:
+                return False, f"answer not evaluated: {reason}"
+        return bool(math_verify.verify(gold_parsed, pred_parsed, timeout_seconds=None)), None
+
+    try:
+        return call_within(parse_and_verify, MATH_VERIFY_TIMEOUT_S)
+    except DeadlineExceeded:
+        return False, f"comparison took over {MATH_VERIFY_TIMEOUT_S} s"
 
 
 def compute_math_score(solution_str: str, ground_truth: str) -> dict:
     """1.0 when the last boxed answer (or `Answer:` line) is equivalent to the ground truth.
-    A ground truth holding a full solution is reduced to its last boxed answer."""
+    A ground truth holding a full solution is reduced to its last boxed answer. An answer that
+    could not be checked scores 0 and says why in `unchecked`."""
     gold = last_boxed_content(ground_truth) if "\\boxed" in ground_truth else ground_truth
     if gold is None or not gold.strip():
         raise ValueError(f"math ground truth has no answer: {ground_truth[:200]!r}")
     pred = extract_math_answer(solution_str)
-    acc = pred is not None and math_answers_equal(gold, pred)
+    acc, unchecked = compare_math_answers(gold, pred) if pred is not None else (False, None)
     if pred is not None and len(pred) > MAX_ANSWER_CHARS:
         pred = pred[:MAX_ANSWER_CHARS] + "...(truncated)"
-    return {"score": float(acc), "acc": acc, "pred": pred}
+    result = {"score": float(acc), "acc": acc, "pred": pred}
+    if unchecked is not None:
+        result["unchecked"] = unchecked
+    return result
 
 
 # --------------------------------------------------------------------------------------------
 # Arithmetic (`37+45=` -> `82`)
 
+MAX_INTEGER_DIGITS = 4300  # Python's default limit on int() of a string
 _LEADING_INTEGER = re.compile(r"\s*(-?[0-9]+)(\.[0-9])?")
 
 
@@ -194,9 +249,13 @@ def extract_leading_integer(response: str) -> int | None:
     Accepted: optional leading whitespace, an optional `-`, ASCII digits; whatever follows the
     digits is ignored (`82`, ` 82`, `82\\n37+45=` all read 82), except a decimal point followed by
     a digit (`82.5` is not an integer: None). Not accepted: `+82`, thousands commas (`1,000` reads
-    1), non-ASCII digits, words. Leading zeros are read as the value (`082` reads 82)."""
+    1), non-ASCII digits, words, integers of over MAX_INTEGER_DIGITS digits. Leading zeros are
+    read as the value (`082` reads 82)."""
     match = _LEADING_INTEGER.match(response)
     if match is None or match.group(2) is not None:
+        return None
+    digits = match.group(1).lstrip("-").lstrip("0")
+    if len(digits) > MAX_INTEGER_DIGITS:  # int() refuses such strings (and they equal no answer)
         return None
     return int(match.group(1))
 
