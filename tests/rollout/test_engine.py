@@ -81,6 +81,30 @@ def test_groups_stream_in_completion_order(engine, reference):
     assert all(s.finish_reason == "length" for g in groups for s in g.samples)
 
 
+def test_health_answers_while_the_engine_generates(engine, reference):
+    """The router probes a quiet replica with `health()` under a short timeout: it must answer while
+    the engine is busy generating, not after."""
+    import ray
+
+    from rlactors.waits import get_within
+
+    _, tokenizer = reference
+    sampling = SamplingConfig(num_samples_per_prompt=4, max_response_tokens=LONG_TOKENS, ignore_eos=True)
+    stream = engine.generate.remote(prompts(tokenizer, ["one", "two", "three", "four"]), sampling)
+    wait_until_generating(engine)
+    latencies_s, in_flight = [], []
+    for _ in range(20):
+        start = time.perf_counter()
+        health = get_within(engine.health.remote(), 30, "health() while generating")
+        latencies_s.append(time.perf_counter() - start)
+        in_flight.append(health["num_in_flight_samples"])
+    groups = [ray.get(ref) for ref in stream]
+    print(f"health() while generating: median {sorted(latencies_s)[len(latencies_s) // 2] * 1e3:.1f} ms, "
+          f"max {max(latencies_s) * 1e3:.1f} ms; in-flight samples seen {in_flight}")
+    assert len(groups) == 4 and health["healthy"] and health["error"] is None
+    assert in_flight[0] > 0  # answered mid-generation, not once it was over
+
+
 def test_bad_requests_get_errors_naming_the_prompt_and_the_rest_finish(engine, reference):
     _, tokenizer = reference
     good = tokenizer.encode("1+1=")

