@@ -117,6 +117,23 @@ class RolloutConfig(_Section):
     on_abort: Literal["resume", "requeue"] = Field(
         "resume", description="What happens to interrupted responses: continue from the partial response, or restart."
     )
+    start_timeout_s: float = Field(
+        600.0, gt=0, description="Most seconds an engine may take to start (vLLM loading the model): at the start of "
+        "the run an error names a replica that takes longer; after a crash such a replica is given up as dead.",
+    )
+    call_timeout_s: float = Field(
+        900.0, gt=0, description="Most seconds an engine may take to answer a weight update (which, without "
+        "partial_rollout, first lets in-flight responses finish), sleep, wake-up or state load; past it an error "
+        "names the replica and the call.",
+    )
+    stall_timeout_s: float = Field(
+        300.0, gt=0, description="A replica whose generation yields no result for this long is asked health(); "
+        "one busy with long responses answers and is left alone.",
+    )
+    health_timeout_s: float = Field(
+        60.0, gt=0, description="A quiet replica that does not answer health() within this is hung: it is killed "
+        "(Ray restarts it if it has restarts left) and its requests are re-sent to the others.",
+    )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Training-time sampling.")
     validation_sampling: ValidationSamplingConfig = Field(
         default_factory=ValidationSamplingConfig, description="Validation-time sampling (greedy by default).",

@@ -1,7 +1,7 @@
 """RolloutRouter: data parallelism over N RolloutEngine replicas, in the driver process.
 
     router = RolloutRouter.create(model_path, rollout_config, max_restarts=1)
-    router.ready()
+    router.ready()                                       # EngineStartError names a replica that fails
     for summary, group_ref in router.generate_refs(requests, sampling):  # completion order
         ...                                              # the Group stays in the object store
     for group in router.generate(requests, sampling):    # the same, each Group fetched here
@@ -15,16 +15,35 @@ the engine's `GroupSummary` (ids, lengths, finish reasons, versions); the Group 
 result of the engine call, so it belongs to the driver, sits in the object store of the engine's
 node (`rlactors.transport`) and stays readable if the engine dies after yielding it.
 
-Guarantees: every request yields exactly one Group. A replica that dies (or whose vLLM engine
-dies) mid-batch is marked dead and the requests it had not returned are re-sent to live replicas
-from scratch. If replicas were created with `max_restarts > 0`, Ray restarts a dead one; the router
-then loads the current weights into it (it keeps the last `update_weights` buckets as object refs
-for this) before it gets work again. If no replica is live and none is restarting, the remaining
-requests come back as error Groups naming their prompt_id: never silently dropped.
+Guarantees: every request yields exactly one Group, or the call raises. A replica fails when its
+actor dies, its vLLM engine dies (EngineDeadError: the actor is killed so Ray restarts it), one of
+its results is lost (ObjectLostError and kin), or it hangs: a replica whose streams yield nothing
+for `stall_timeout_s` is asked `health()`, and one that does not answer within `health_timeout_s`
+is killed (an engine busy with long responses answers, and is left alone). An actor Ray restarted
+between two calls comes back with the initial weights: its first group's tokens carry a version
+older than the one it held, and it is failed like the others (that group is not yielded). The
+requests a failed replica had not returned are re-sent to live replicas from scratch. If replicas
+were created with
+`max_restarts > 0`, Ray restarts a failed one; the router then loads the current weights into it
+(it keeps the last `update_weights` buckets as object refs for this) before it gets work again. A
+replica that does not come back within `start_timeout_s` is given up. Once no replica is live and
+none is coming back, `NoLiveEngineError` names each replica, its state, failures and last error.
+A request the engine itself refuses (a prompt too long, bad token ids) comes back as a Group of
+"error" samples naming its prompt_id: never silently dropped.
+
+Bounds: `ready()` waits at most `start_timeout_s`; weight updates, sleep, wake-up and state loads
+at most `call_timeout_s` (a TimeoutError names the replicas and the call). A replica that dies
+during one of them is marked failed and the call goes on with the others.
+
+Threads: in async mode the producer thread iterates `generate_refs` while the trainer thread calls
+`update_weights` (and validation generates too). The replicas' states, failures and revivals live
+in `rlactors.rollout.replicas.Replicas`, which locks them; what a `generate_refs` call tracks
+(its streams, their pending requests, the watchdog's timers) is its own, touched by one thread.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 
@@ -33,23 +52,35 @@ import ray
 from rlactors.config import RolloutConfig
 from rlactors.phases import PHASE_LOG_TIMEOUT_S
 from rlactors.rollout.engine import create_engine
-from rlactors.rollout.samples import GroupSummary, SamplingArg, error_group, summarize_group
+from rlactors.rollout.faults import (
+    LOST_RESULT_ERRORS,
+    EngineStartError,
+    NoLiveEngineError,
+    error_text,
+    is_engine_dead,
+    outcome,
+)
+from rlactors.rollout.replicas import Replicas
+from rlactors.rollout.samples import GroupSummary, SamplingArg
 from rlactors.types import Group, PromptRequest
 from rlactors.waits import get_within
 
-HEALTHY, DEAD, RESTARTING, LOADING = "healthy", "dead", "restarting", "loading"
+__all__ = ["RolloutRouter", "NoLiveEngineError", "EngineStartError"]
+
+POLL_INTERVAL_S = 1.0  # the longest generation waits between looks at revivals and the watchdog
 
 
 class RolloutRouter:
-    def __init__(self, engines: list, policy_version: int = 0):
-        self.engines = list(engines)
-        self.states = [HEALTHY] * len(engines)
-        self.num_failures = [0] * len(engines)
+    def __init__(self, engines: list, policy_version: int = 0, *, start_timeout_s: float = 600.0,
+                 call_timeout_s: float = 900.0, stall_timeout_s: float = 300.0, health_timeout_s: float = 60.0):
+        """The bounds are `RolloutConfig`'s fields of the same names (`create` passes them)."""
+        self.replicas = Replicas(engines, policy_version, start_timeout_s, call_timeout_s)
+        self.engines = self.replicas.engines
+        self.start_timeout_s, self.call_timeout_s = start_timeout_s, call_timeout_s
+        self.stall_timeout_s, self.health_timeout_s = stall_timeout_s, health_timeout_s
+        self._lock = threading.Lock()  # the two counters below
         self.num_resent = 0
-        self.policy_version = policy_version
-        self.weight_buckets: list | None = None  # refs of the last update, to reload restarted replicas
-        self._revivals: dict[int, ray.ObjectRef] = {}  # replica -> pending ready() or update_weights()
-        self._retry_at: dict[int, float] = {}  # restarting replica -> when to ask ready() again
+        self.num_health_probes = 0  # health() calls sent to replicas whose streams were quiet
 
     @classmethod
     def create(cls, model_path: str, config: RolloutConfig, max_restarts: int = 0, placement=None, **engine_options):
@@ -58,83 +89,57 @@ class RolloutRouter:
         engines = [create_engine(model_path, config, max_restarts=max_restarts, **engine_options,
                                  placement_options=placement.engine_options(i) if placement is not None else None)
                    for i in range(config.num_engines)]
-        return cls(engines)
+        return cls(engines, start_timeout_s=config.start_timeout_s, call_timeout_s=config.call_timeout_s,
+                   stall_timeout_s=config.stall_timeout_s, health_timeout_s=config.health_timeout_s)
+
+    @property
+    def policy_version(self) -> int:
+        return self.replicas.policy_version
+
+    @property
+    def weight_buckets(self) -> list | None:
+        return self.replicas.weight_buckets
 
     # ---------------------------------------------------------------- replicas
 
     def ready(self) -> list[dict]:
-        """Start every engine; a replica that fails to start is marked dead."""
+        """Start every engine, within `start_timeout_s`. If any fails or does not answer in time,
+        every engine is killed and EngineStartError names each such replica with its error."""
         refs = [engine.ready.remote() for engine in self.engines]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=self.start_timeout_s, fetch_local=False)
+        done = set(done)
+        problems = {}
         for index, ref in enumerate(refs):
+            if ref not in done:
+                problems[index] = f"did not start within {self.start_timeout_s:g} s (rollout.start_timeout_s)"
+                continue
             try:
-                ray.get(ref)
-            except ray.exceptions.RayError:
-                self._mark_failed(index)
+                ray.get(ref, timeout=self.call_timeout_s)
+            except ray.exceptions.RayError as error:
+                problems[index] = error_text(error)
+        if problems:
+            self.replicas.mark_dead(problems)
+            for engine in self.engines:  # the run cannot start: nothing may keep their resources
+                ray.kill(engine)
+            raise EngineStartError(f"{len(problems)} of {len(self.engines)} rollout engine(s) failed to start:\n"
+                                   + "\n".join(f"  replica {i}: {problem}" for i, problem in problems.items()))
         return self.health()
 
     def health(self) -> list[dict]:
-        return [
-            {"replica": i, "state": self.states[i], "num_failures": self.num_failures[i]}
-            for i in range(len(self.engines))
-        ]
+        """One dict per replica: replica, state, num_failures, last_error."""
+        return self.replicas.health()
 
     def live_replicas(self) -> list[int]:
-        self._poll_revivals(timeout_s=0)
-        return [i for i, state in enumerate(self.states) if state == HEALTHY]
-
-    def _mark_failed(self, index: int) -> None:
-        self.num_failures[index] += 1
-        self.states[index] = RESTARTING
-        self._ask_ready(index)
-
-    def _ask_ready(self, index: int) -> None:
-        # Answers once Ray has restarted the actor (max_restarts > 0); fails with
-        # ActorUnavailableError while it is restarting (asked again a second later) and with
-        # ActorDiedError once it has no restarts left (the replica is then dead).
-        self._retry_at.pop(index, None)
-        self._revivals[index] = self.engines[index].ready.remote()
+        return [index for index, _ in self.replicas.live()]
 
     def reviving(self) -> bool:
-        return bool(self._revivals or self._retry_at)
-
-    def _poll_revivals(self, timeout_s: float) -> None:
-        for index, retry_at in list(self._retry_at.items()):
-            if time.monotonic() >= retry_at:
-                self._ask_ready(index)
-        if not self._revivals:
-            time.sleep(min(timeout_s, 0.5) if self._retry_at else 0)
-            return
-        ready, _ = ray.wait(list(self._revivals.values()), num_returns=1, timeout=timeout_s)
-        for index, ref in list(self._revivals.items()):
-            if ref not in ready:
-                continue
-            del self._revivals[index]
-            try:
-                ray.get(ref)
-            except ray.exceptions.ActorUnavailableError:
-                self._retry_at[index] = time.monotonic() + 1.0
-                continue
-            except ray.exceptions.RayError:
-                self.states[index] = DEAD
-                continue
-            if self.states[index] == RESTARTING:
-                # A restarted actor holds the initial checkpoint at version 0: bring it up to date
-                # before it gets work.
-                self.states[index] = LOADING
-                engine = self.engines[index]
-                self._revivals[index] = (
-                    engine.update_weights.remote(self.weight_buckets, self.policy_version)
-                    if self.weight_buckets is not None
-                    else engine.load_state_dict.remote({"policy_version": self.policy_version})
-                )
-            else:
-                self.states[index] = HEALTHY
+        return self.replicas.reviving()
 
     def wait_until_healthy(self, timeout_s: float = 300.0) -> list[dict]:
         """Block until no replica is restarting or loading weights (or the timeout passes)."""
         deadline = time.monotonic() + timeout_s
-        while self.reviving() and time.monotonic() < deadline:
-            self._poll_revivals(timeout_s=min(1.0, max(0.0, deadline - time.monotonic())))
+        while self.replicas.reviving() and time.monotonic() < deadline:
+            self.replicas.poll(timeout_s=min(1.0, max(0.0, deadline - time.monotonic())))
         return self.health()
 
     # ---------------------------------------------------------------- generation
@@ -144,12 +149,14 @@ class RolloutRouter:
         """Yield one Group per request, in completion order, each fetched into this process (for
         validation, notebooks, tests; a training step uses `generate_refs`)."""
         refs = self.generate_refs(requests, sampling)  # requests are in flight from here on
-        return (ray.get(group_ref) for _, group_ref in refs)
+        return (get_within(group_ref, self.call_timeout_s, f"rollout group {summary.group_id!r}")
+                for summary, group_ref in refs)
 
     def generate_refs(self, requests: list[PromptRequest], sampling: SamplingArg | list[SamplingArg] = None
                       ) -> Iterator[tuple[GroupSummary, ray.ObjectRef]]:
         """Yield (summary, ref of the Group) once per request, in completion order, across the live
-        replicas. Only the summary is read here; pass the ref on (scorers, buffer) unread."""
+        replicas. Only the summary is read here; pass the ref on (scorers, buffer) unread. Raises
+        NoLiveEngineError once no replica can answer the rest."""
         settings = sampling if isinstance(sampling, list) else [sampling] * len(requests)
         if len(settings) != len(requests):
             raise ValueError(f"got {len(settings)} sampling settings for {len(requests)} requests")
@@ -159,19 +166,19 @@ class RolloutRouter:
             raise ValueError(f"duplicate group_ids in one batch: {duplicates[:5]}")
 
         pending: dict = {}  # ObjectRefGenerator -> {group_id: (request, sampling)} not yet returned
-        streams: dict = {}  # ObjectRefGenerator -> replica
+        streams: dict = {}  # ObjectRefGenerator -> (replica, incarnation it was sent to, version it held)
         outstanding = self._send(list(zip(requests, settings, strict=True)), pending, streams)
         return self._collect(outstanding, pending, streams)  # requests are in flight from here on
 
     def _send(self, outstanding: list[tuple], pending: dict, streams: dict) -> list[tuple]:
         """Spread (request, sampling) pairs over the live replicas; returns what could not be sent."""
-        live = self.live_replicas()
-        for slot, index in enumerate(live):
+        live = self.replicas.live()
+        for slot, (index, incarnation) in enumerate(live):
             share = outstanding[slot :: len(live)]
             if share:
                 stream = self.engines[index].generate.remote([r for r, _ in share], [s for _, s in share],
                                                              with_summaries=True)
-                streams[stream] = index
+                streams[stream] = (index, incarnation, self.replicas.loaded_version(index))
                 pending[stream] = {r.group_id: (r, s) for r, s in share}
         return [] if live else outstanding
 
@@ -180,51 +187,104 @@ class RolloutRouter:
         # An engine streams each Group, then its summary: the summary confirms the Group before it
         # (an engine that dies in between ends its stream with an error in the summary's place).
         unconfirmed: dict = {}  # ObjectRefGenerator -> ref of the Group whose summary comes next
+        last_progress: dict[int, float] = {}  # replica -> when its streams last yielded (or it answered health)
+        probes: dict[int, tuple[ray.ObjectRef, float]] = {}  # replica -> (health() call, when sent)
         while outstanding or streams:
             if outstanding:
                 outstanding = self._send(outstanding, pending, streams)
-            if outstanding and not self.reviving():
-                for request, sampling in outstanding:  # nobody can ever answer these
-                    num_samples = getattr(sampling, "num_samples_per_prompt", None) or (
-                        sampling.get("num_samples_per_prompt", 1) if isinstance(sampling, dict) else 1)
-                    group = error_group(request, num_samples, f"prompt_id={request.prompt_id!r}: no live rollout engine")
-                    yield summarize_group(group), ray.put(group)
-                outstanding = []
+            if outstanding and not self.replicas.reviving():
+                raise NoLiveEngineError(self.replicas.no_live_message([r.prompt_id for r, _ in outstanding]))
             if not streams:
-                self._poll_revivals(timeout_s=1.0)
+                self.replicas.poll(timeout_s=POLL_INTERVAL_S)
                 continue
+            revivals = self.replicas.revival_refs()
             # fetch_local=False: readiness only; a Group must not be copied to the driver's node.
-            ready, _ = ray.wait(list(streams) + list(self._revivals.values()), num_returns=1, timeout=1.0,
-                                fetch_local=False)
-            self._poll_revivals(timeout_s=0)  # consume finished revivals, or the wait above spins
+            ready, _ = ray.wait(list(streams) + revivals, num_returns=1, timeout=POLL_INTERVAL_S, fetch_local=False)
+            self.replicas.poll(timeout_s=0)  # consume finished revivals, or the wait above spins
             for stream in [s for s in ready if s in streams]:
-                index = streams[stream]
+                index, incarnation, held_version = streams[stream]
                 try:
-                    confirmed = self._read(stream, unconfirmed)
+                    confirmed = self._read(stream, unconfirmed, self.call_timeout_s)
                 except StopIteration:
                     del streams[stream]
                     outstanding += list(pending.pop(stream).values())  # an engine never drops one; defensive
-                except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as error:
-                    if isinstance(error, ray.exceptions.RayTaskError):
-                        if type(error.cause).__name__ != "EngineDeadError":
-                            raise  # a caller error (e.g. generate while asleep), not a dead replica
-                        ray.kill(self.engines[index], no_restart=False)  # restart it if allowed
-                    if self.states[index] == HEALTHY:
-                        self._mark_failed(index)
-                    for lost_stream in [s for s, i in streams.items() if i == index]:
-                        del streams[lost_stream]
-                        unconfirmed.pop(lost_stream, None)
-                        lost = list(pending.pop(lost_stream).values())
-                        self.num_resent += len(lost)
-                        outstanding += lost
+                except ray.exceptions.RayError as error:
+                    if isinstance(error, ray.exceptions.RayTaskError) and not is_engine_dead(error):
+                        raise  # a caller error (e.g. generate while asleep), not a dead replica
+                    if not isinstance(error, (ray.exceptions.RayTaskError, ray.exceptions.RayActorError,
+                                              *LOST_RESULT_ERRORS)):
+                        raise  # not a replica's fault
+                    lost = "a result could not be read: " if isinstance(error, LOST_RESULT_ERRORS) else ""
+                    self.replicas.mark_failed(index, lost + error_text(error), incarnation, kill=is_engine_dead(error))
+                    outstanding += self._drop_streams(index, streams, pending, unconfirmed)
                 else:
-                    if confirmed is not None:
-                        summary, group_ref = confirmed
-                        pending[stream].pop(summary.group_id)
-                        yield summary, group_ref
+                    last_progress[index] = time.monotonic()
+                    if confirmed is None:
+                        continue
+                    summary, group_ref = confirmed
+                    if summary.policy_versions and summary.policy_versions[0] < held_version:
+                        # Ray restarted the actor between two calls (it came back with the initial
+                        # weights): this group is not the policy's; reload the replica and re-send.
+                        self.replicas.mark_failed(index, f"restarted unseen: group {summary.group_id!r} carries "
+                                                         f"policy version {summary.policy_versions[0]}, the replica "
+                                                         f"held {held_version}", incarnation)
+                        outstanding += self._drop_streams(index, streams, pending, unconfirmed)
+                        continue
+                    pending[stream].pop(summary.group_id)
+                    yield summary, group_ref
+            outstanding += self._watch(streams, pending, unconfirmed, last_progress, probes)
+
+    def _watch(self, streams: dict, pending: dict, unconfirmed: dict, last_progress: dict, probes: dict
+               ) -> list[tuple]:
+        """The watchdog: ask quiet replicas health(); kill one that does not answer in time and
+        return its requests for re-sending."""
+        now = time.monotonic()
+        active = {index: incarnation for index, incarnation, _ in streams.values()}
+        for index in set(last_progress) - set(active):
+            last_progress.pop(index)
+            probes.pop(index, None)
+        lost = []
+        for index, incarnation in active.items():
+            quiet_s = now - last_progress.setdefault(index, now)
+            if index not in probes:
+                if quiet_s >= self.stall_timeout_s:
+                    probes[index] = (self.engines[index].health.remote(), now)
+                    with self._lock:
+                        self.num_health_probes += 1
+                continue
+            probe, sent_at = probes[index]
+            if ray.wait([probe], timeout=0)[0]:
+                del probes[index]
+                answer = outcome(probe, self.health_timeout_s)
+                if not (isinstance(answer, dict) and answer.get("healthy") is False):
+                    last_progress[index] = now  # busy, not hung (a dead actor's streams fail on their own)
+                    continue
+                reason = "its vLLM engine is dead (health() says so while its streams are quiet)"
+                self.replicas.mark_failed(index, reason, incarnation, kill=True)
+                lost += self._drop_streams(index, streams, pending, unconfirmed)
+                last_progress.pop(index)
+            elif now - sent_at >= self.health_timeout_s:
+                reason = (f"hung: no result for {quiet_s:.0f} s and health() unanswered within "
+                          f"{self.health_timeout_s:g} s (rollout.stall_timeout_s, rollout.health_timeout_s)")
+                self.replicas.mark_failed(index, reason, incarnation, kill=True)
+                lost += self._drop_streams(index, streams, pending, unconfirmed)
+                last_progress.pop(index)
+                del probes[index]
+        return lost
+
+    def _drop_streams(self, index: int, streams: dict, pending: dict, unconfirmed: dict) -> list[tuple]:
+        """Forget every stream of replica `index`; returns the requests they had not answered."""
+        lost = []
+        for stream in [s for s, (i, _, _) in streams.items() if i == index]:
+            del streams[stream]
+            unconfirmed.pop(stream, None)
+            lost += pending.pop(stream).values()
+        with self._lock:
+            self.num_resent += len(lost)
+        return lost
 
     @staticmethod
-    def _read(stream, unconfirmed: dict) -> tuple[GroupSummary, ray.ObjectRef] | None:
+    def _read(stream, unconfirmed: dict, timeout_s: float) -> tuple[GroupSummary, ray.ObjectRef] | None:
         """Take the next item of an engine's stream: a Group's ref (kept unread), or the summary
         that confirms it; returns both once the summary is in. Raises the engine's error, and
         StopIteration at the end of the stream."""
@@ -233,42 +293,36 @@ class RolloutRouter:
         except StopIteration:
             last = unconfirmed.pop(stream, None)
             if last is not None:
-                ray.get(last)  # a failed stream ends with its error in a Group's place: raise it
+                ray.get(last, timeout=timeout_s)  # a failed stream ends with its error in a Group's place: raise it
             raise
         if stream not in unconfirmed:
             unconfirmed[stream] = ref
             return None
-        return ray.get(ref), unconfirmed.pop(stream)
+        return ray.get(ref, timeout=timeout_s), unconfirmed.pop(stream)
 
     # ---------------------------------------------------------------- weights, sleep, state
 
     def update_weights(self, buckets: list, policy_version: int) -> list[dict | None]:
         """Send the buckets (values are put once into the object store) to every live replica.
-        Returns each replica's timing dict, None for replicas that are not live."""
+        Returns each replica's timing dict, None for replicas that are not live (or failed now)."""
         refs = [b if isinstance(b, ray.ObjectRef) else ray.put(b) for b in buckets]
-        self.weight_buckets, self.policy_version = refs, policy_version
-        live = self.live_replicas()
-        calls = {i: self.engines[i].update_weights.remote(refs, policy_version) for i in live}
-        results: list[dict | None] = [None] * len(self.engines)
-        for index, ref in calls.items():
-            try:
-                results[index] = ray.get(ref)
-            except ray.exceptions.RayActorError:
-                self._mark_failed(index)
-        return results
+        live = self.replicas.publish(refs, policy_version)
+        results = self._call(live, "update_weights", refs, policy_version)
+        for index, incarnation in live:
+            if index in results:
+                self.replicas.confirm_loaded(index, incarnation, policy_version)
+        return [results.get(i) for i in range(len(self.engines))]
 
     def sleep(self) -> None:
-        ray.get([self.engines[i].sleep.remote() for i in self.live_replicas()])
+        self._call(self.replicas.live(), "sleep")
 
     def wake_up(self) -> None:
         """Wake whatever still sleeps: after `update_weights` on sleeping engines, the KV cache."""
-        ray.get([self.engines[i].wake_up.remote() for i in self.live_replicas()])
+        self._call(self.replicas.live(), "wake_up")
 
     def phase_logs(self) -> list[list[dict] | None]:
         """Each replica's phase log (see `rlactors.phases`), None for replicas that are not live."""
-        live = self.live_replicas()
-        logs = dict(zip(live, get_within([self.engines[i].phase_log.remote() for i in live], PHASE_LOG_TIMEOUT_S,
-                                         "rollout engines' phase_log"), strict=True))
+        logs = self._call(self.replicas.live(), "phase_log", timeout_s=PHASE_LOG_TIMEOUT_S)
         return [logs.get(i) for i in range(len(self.engines))]
 
     def state_dict(self) -> dict:
@@ -276,5 +330,43 @@ class RolloutRouter:
         return {"policy_version": self.policy_version}
 
     def load_state_dict(self, state: dict) -> None:
-        self.policy_version = int(state["policy_version"])
-        ray.get([self.engines[i].load_state_dict.remote(state) for i in self.live_replicas()])
+        # The kept buckets belong to an older version: a replica revived now loads none, and gets
+        # the restored weights with the update that follows a restore.
+        policy_version = int(state["policy_version"])
+        live = self.replicas.publish(None, policy_version)
+        results = self._call(live, "load_state_dict", state)
+        for index, incarnation in live:
+            if index in results:
+                self.replicas.confirm_loaded(index, incarnation, policy_version)
+
+    def _call(self, live: list[tuple[int, int]], method: str, *args, timeout_s: float | None = None) -> dict:
+        """`method(*args)` on each (replica, incarnation) in `live`, within `timeout_s` (default
+        `call_timeout_s`): {replica: result}. A replica that dies (or whose vLLM engine dies) is
+        marked failed and left out; an engine's own exception is raised, noting the replica."""
+        timeout_s = self.call_timeout_s if timeout_s is None else timeout_s
+        if not live:
+            return {}
+        calls = {index: (getattr(self.engines[index], method).remote(*args), incarnation)
+                 for index, incarnation in live}
+        done, _ = ray.wait([ref for ref, _ in calls.values()], num_returns=len(calls), timeout=timeout_s,
+                           fetch_local=False)
+        done = set(done)
+        results, stuck = {}, []
+        for index, (ref, incarnation) in calls.items():
+            if ref not in done:
+                stuck.append(index)
+                continue
+            try:
+                results[index] = ray.get(ref, timeout=timeout_s)
+            except ray.exceptions.RayTaskError as error:  # first: one whose cause is a lost object is the engine's
+                if not is_engine_dead(error):
+                    error.add_note(f"in rollout replica {index}'s {method}()")
+                    raise
+                self.replicas.mark_failed(index, f"{method}: {error_text(error)}", incarnation, kill=True)
+            except (ray.exceptions.RayActorError, *LOST_RESULT_ERRORS) as error:
+                self.replicas.mark_failed(index, f"{method}: {error_text(error)}", incarnation)
+        if stuck:
+            raise TimeoutError(f"rollout replica(s) {stuck}: {method}() not answered within {timeout_s:g} s "
+                               "(rollout.call_timeout_s)")
+        return results
+

@@ -1,0 +1,210 @@
+"""Rollout engines killed under a running pipeline (tiny model, real stack).
+
+- async, partial rollouts: the only engine SIGKILLed mid-generation right after a weight sync,
+  the next sync arriving while it restarts: Ray restarts it, the router re-sends its requests and
+  reloads the current weights, and the run trains every step on a full batch, each prompt once,
+  within the staleness bound, leaving nothing behind;
+- colocated: the only engine killed twice (it has one restart): the run stops with
+  NoLiveEngineError naming the replica, and leaves nothing behind;
+- two nodes (`ray.cluster_utils.Cluster`), a router over one engine on each: the node of one is
+  removed mid-batch; every prompt comes back once from the other, and the lost replica is dead
+  with its node's death as its error.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from chaos_helpers import assert_each_prompt_once, assert_no_leftovers, checkpoint_ledger, leftover_processes
+
+from rlactors.config import load_config
+from rlactors.pipelines import run_pipeline
+
+pytestmark = [pytest.mark.vllm, pytest.mark.chaos, pytest.mark.timeout(900)]
+
+BATCH, NUM_STEPS = 4, 2
+RESPONSE_TOKENS = 40  # long enough that a kill while samples are in flight lands before they finish
+IN_FLIGHT_WAIT_S = 120.0  # after a weight publish the producer generates the next batch at once
+
+
+def _config(tmp_path, tiny_model_dir, *overrides):
+    return load_config(None, [
+        f"model.path={tiny_model_dir}", "model.preset=tiny", "data.num_train_rows=32", "data.num_val_rows=4",
+        "rollout.max_model_len=96", "rollout.sampling.num_samples_per_prompt=4",
+        f"rollout.sampling.max_response_tokens={RESPONSE_TOKENS}", "rollout.sampling.ignore_eos=true", "rollout.sampling.seed=1",
+        "rollout.validation_sampling.max_response_tokens=4", f"pipeline.num_steps={NUM_STEPS}",
+        f"pipeline.batch_size_prompts={BATCH}", "pipeline.val_every_steps=0",
+        f"pipeline.checkpoint_every_steps={NUM_STEPS}", f"pipeline.output_dir={tmp_path / 'run'}",
+        "pipeline.resume=never", f"reward.custom_function={Path(__file__).parents[1] / 'parity_reward.py'}:compute_score",
+        *overrides,
+    ])
+
+
+def _capture_routers(monkeypatch) -> list:
+    from rlactors.rollout.router import RolloutRouter
+
+    routers = []
+    create = RolloutRouter.create.__func__
+    monkeypatch.setattr(RolloutRouter, "create", classmethod(
+        lambda cls, *args, **kwargs: routers.append(create(cls, *args, **kwargs)) or routers[-1]))
+    return routers
+
+
+def _sigkill_engine(router, must_be_generating: bool = False) -> int:
+    """SIGKILL replica 0's actor process (if `must_be_generating`, once it has samples in flight);
+    returns its pid."""
+    import ray
+
+    deadline = time.monotonic() + IN_FLIGHT_WAIT_S
+    while True:
+        health = ray.get(router.engines[0].health.remote(), timeout=60)
+        if not must_be_generating or health["num_in_flight_samples"] > 0:
+            break
+        assert time.monotonic() < deadline, f"the engine had nothing in flight for {IN_FLIGHT_WAIT_S:g} s"
+        time.sleep(0.01)
+    os.kill(health["pid"], signal.SIGKILL)
+    return health["pid"]
+
+
+def _pid_once_back(engine, timeout_s: float = 300.0) -> int:
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return ray.get(engine.health.remote(), timeout=60)["pid"]
+        except ray.exceptions.ActorUnavailableError:
+            assert time.monotonic() < deadline, f"the engine did not come back within {timeout_s:g} s"
+            time.sleep(0.5)
+
+
+def test_engine_sigkilled_mid_step_in_async_mode_with_partial_rollouts(ray_session, tmp_path, tiny_model_dir,
+                                                                       monkeypatch):
+    """Killed as the first weight sync completes, with the producer generating under the new
+    weights (at the sync itself it is at its quota, with nothing in flight); the next sync comes
+    while the actor restarts, so the trainer thread publishes while the producer thread's streams
+    fail and wait for the revival."""
+    from rlactors.pipelines.fully_async import Producer
+
+    routers = _capture_routers(monkeypatch)
+    on_published = Producer.on_published
+    killed, later_pids = [], []
+
+    def on_published_then_engine_killed(producer, policy_version):
+        on_published(producer, policy_version)
+        if policy_version == 1:
+            killed.append(_sigkill_engine(routers[0], must_be_generating=True))
+        elif policy_version > 1:
+            later_pids.append(_pid_once_back(routers[0].engines[0]))
+
+    monkeypatch.setattr(Producer, "on_published", on_published_then_engine_killed)
+    before = leftover_processes()
+    config = _config(tmp_path, tiny_model_dir, "pipeline.mode=async", "rollout.partial_rollout=true",
+                     "buffer.max_staleness=1", "buffer.staleness_threshold=1.0", "algorithm.tis_cap=2.0")
+    history = run_pipeline(config)
+
+    assert killed, "the engine was never killed"
+    router = routers[0]
+    print(f"engine pid {killed[0]} killed; replicas {router.health()}; {router.num_resent} requests re-sent")
+    assert [h["step"] for h in history] == [0, *range(1, NUM_STEPS + 1)]
+    assert all(h["response_length/mean"] == RESPONSE_TOKENS for h in history[1:])  # full batches, full responses
+    assert history[-1]["policy_version"] == NUM_STEPS
+    assert max(h["staleness/max"] for h in history[1:]) <= 1
+    assert router.num_resent > 0
+    # Ray restarted the actor, and the router counted the failure once although both threads met it.
+    assert router.health()[0]["state"] == "healthy" and router.health()[0]["num_failures"] == 1, router.health()
+    assert later_pids and killed[0] not in later_pids, (killed, later_pids)
+    counts = assert_each_prompt_once(checkpoint_ledger(config.pipeline.output_dir))
+    assert counts["trained"] == NUM_STEPS * BATCH, counts
+    assert_no_leftovers(before)
+
+
+def test_the_only_engine_killed_twice_stops_the_run_naming_it(ray_session, tmp_path, tiny_model_dir, monkeypatch):
+    """Killed once after it started (Ray restarts it; the first generation waits for it, or meets
+    the restarted actor), then at the first weight sync (no restart left): the next generation
+    raises NoLiveEngineError."""
+    from rlactors.rollout.router import NoLiveEngineError, RolloutRouter
+
+    routers = _capture_routers(monkeypatch)
+    ready, update_weights = RolloutRouter.ready, RolloutRouter.update_weights
+    killed = []
+
+    def ready_then_killed(router):
+        health = ready(router)
+        killed.append(_sigkill_engine(router))
+        return health
+
+    def update_weights_with_the_engine_killed(router, buckets, policy_version):
+        if len(killed) == 1:
+            router.wait_until_healthy(timeout_s=300)  # the restarted actor, not the one being restarted
+            killed.append(_sigkill_engine(router))
+        return update_weights(router, buckets, policy_version)
+
+    monkeypatch.setattr(RolloutRouter, "ready", ready_then_killed)
+    monkeypatch.setattr(RolloutRouter, "update_weights", update_weights_with_the_engine_killed)
+    before = leftover_processes()
+    with pytest.raises(NoLiveEngineError) as raised:
+        run_pipeline(_config(tmp_path, tiny_model_dir))
+
+    assert len(killed) == 2 and killed[0] != killed[1], killed
+    message = str(raised.value)
+    print(message)
+    assert re.search(r"replica 0: dead, [12] failure\(s\), last error: .+; then the restart failed: ", message), message
+    assert [h["state"] for h in routers[0].health()] == ["dead"]
+    assert_no_leftovers(before)
+
+
+def test_a_node_removed_under_its_engine(ray_session, tiny_model_dir):
+    import ray
+    from conftest import start_local_ray
+    from ray.cluster_utils import Cluster
+
+    from rlactors.config import RolloutConfig, SamplingConfig
+    from rlactors.models import load_tokenizer
+    from rlactors.rollout.engine import create_engine
+    from rlactors.rollout.router import RolloutRouter
+    from rlactors.types import PromptRequest
+
+    ray.shutdown()  # the suite's local Ray; restarted afterwards
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"kept": 1},
+                                                            "object_store_memory": 1 << 29})
+    doomed = cluster.add_node(num_cpus=2, resources={"doomed": 1}, object_store_memory=1 << 29)
+    try:
+        ray.init(address=cluster.address, log_to_driver=False)
+        cluster.wait_for_nodes()
+        before = leftover_processes()
+        config = RolloutConfig(max_model_len=256, num_cpus_per_engine=1)
+        router = RolloutRouter([create_engine(str(tiny_model_dir), config, resources={node: 0.5})
+                                for node in ("kept", "doomed")])
+        router.ready()
+        tokenizer = load_tokenizer(tiny_model_dir)
+        requests = [PromptRequest(f"n{i}", tokenizer.encode(f"node {i}:")) for i in range(12)]
+        sampling = SamplingConfig(num_samples_per_prompt=2, max_response_tokens=150, ignore_eos=True)
+        stream = router.generate(requests, sampling)
+        first = next(stream)
+        deadline = time.monotonic() + 120
+        while ray.get(router.engines[1].health.remote(), timeout=60)["num_in_flight_samples"] == 0:
+            assert time.monotonic() < deadline, "the doomed node's engine never generated"
+            time.sleep(0.02)
+        cluster.remove_node(doomed)
+        groups = [first, *stream]
+
+        assert sorted(g.prompt_id for g in groups) == sorted(r.prompt_id for r in requests)
+        assert all(s.error is None and s.num_response_tokens == 150 for g in groups for s in g.samples)
+        assert router.num_resent > 0
+        health = router.wait_until_healthy(timeout_s=120)
+        print(health)
+        assert health[0]["state"] == "healthy" and health[1]["state"] == "dead", health
+        assert "node" in health[1]["last_error"], health
+        for engine in router.engines:
+            ray.kill(engine)
+        assert_no_leftovers(before)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        start_local_ray()
