@@ -229,6 +229,19 @@ class TrainerConfig(_Section):
         "the engines generate, moving them onto the device for the logprob/value passes and the update and off "
         "again after the weight export (veRL-style time-sharing of every device). The async driver ignores it."
     )
+    collective_timeout_s: float = Field(
+        600.0, gt=0, description="Bound on one collective of a trainer group's process group (the rendezvous, "
+        "all-gathers, reduce-scatters, all-reduces, barriers): a rank whose peers do not join within it raises "
+        "instead of waiting (torch's defaults: 30 min on gloo, 10 on NCCL). A collective also waits for the "
+        "slowest rank's work before it (a long micro-batch, a checkpoint shard write), hence minutes, not seconds. "
+        "A rank that raises or dies needs no timeout: the group stops at its error."
+    )
+    call_timeout_s: float = Field(
+        3600.0, gt=0, description="Bound on one call of a trainer group (start-up, a forward pass or update over a "
+        "batch, a weight export, a checkpoint): past it the error names the call and the ranks not done, and every "
+        "rank of the group is killed. For a rank hung outside any collective; generous, as a big batch's update "
+        "is slow."
+    )
 
 
 class AlgorithmConfig(_Section):

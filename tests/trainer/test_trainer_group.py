@@ -1,13 +1,27 @@
-"""Trainer groups on real Ray actors and gloo process groups: split invariance, roles, critic."""
+"""Trainer groups on real Ray actors and gloo process groups: split invariance, roles, critic,
+and a failing rank (raised, killed, stuck) surfacing by name with no rank left behind."""
+
+import os
+import signal
+import threading
+import time
 
 import pytest
 import torch
-from trainer_helpers import max_difference, random_batch, random_fields, trainer_config, weights
+from trainer_helpers import (
+    assert_ranks_gone,
+    max_difference,
+    random_batch,
+    random_fields,
+    trainer_config,
+    weights,
+)
 
 from rlactors.config import AlgorithmConfig, OptimConfig
 from rlactors.models import load_model
 from rlactors.trainer.batch import TrainBatchRef, plan_mini_batches, rows_in_batch_order
 from rlactors.trainer.group import TrainerGroup
+from rlactors.trainer.ranks import TrainerRankError
 
 # Every loss term on: clip-higher, dual clip, truncated IS, KL loss, entropy bonus.
 ALGORITHM = AlgorithmConfig(clip_ratio_high=0.28, tis_cap=1.5, use_kl_loss=True, kl_loss_coef=0.1, entropy_coef=0.01)
@@ -146,3 +160,86 @@ def test_cpu_cores_all_pins_a_rank_to_every_core_it_may_use(ray_session, tiny_mo
     finally:
         group.shutdown()
     assert cores == sorted(os.sched_getaffinity(0)) and num_threads == len(cores)
+
+
+# ---------------------------------------------------------------------------------------------
+# A failing rank: the group stops at its error, names the rank, and leaves no rank behind.
+# Rank 1 is held in an earlier call (`_hold`) where a fault must land while rank 0 is inside a
+# collective: a tiny model's update is over too soon to be hit otherwise.
+
+
+def _update_batch(seed: int):
+    batch = random_batch(8, seed=seed)
+    random_fields(batch, ["old_logprobs", "advantages"], seed=seed + 1)
+    return batch
+
+
+def _hold(worker, seconds: float = 600.0):
+    """Keep `worker` busy: the calls submitted after it wait behind it (the kill ends it)."""
+    return worker.__ray_call__.remote(lambda _: time.sleep(seconds))
+
+
+def test_a_raise_in_rank_1_alone_surfaces_naming_it(ray_session, tiny_model_dir):
+    """A token id outside the vocabulary in rank 1's shard only: rank 1 raises while rank 0 waits in
+    the update's first collective for a peer that never comes. The error names rank 1 with rank 0
+    still in the call (not after the collective timeout), and no rank is left."""
+    batch = _update_batch(6)
+    config = trainer_config(num_workers=2)
+    plan = plan_mini_batches(batch.sequence_lengths, batch.response_lengths, 1, 2, config.max_tokens_per_micro_batch)[0]
+    sequence = plan.for_rank(1).micro_batches[0][0][0]
+    batch.prompt_token_ids[sequence][0] = 10**6
+    group = TrainerGroup("actor", tiny_model_dir, config, AlgorithmConfig())
+    workers = list(group.workers)
+    try:
+        with pytest.raises(TrainerRankError, match=rf"actor rank 1 failed in update_policy: ValueError: sequence "
+                                                   rf"{sequence} .*outside the model's vocabulary") as failure:
+            group.update_policy(batch)
+        assert failure.value.rank == 1 and failure.value.not_done == [0]
+        assert_ranks_gone(workers)
+        with pytest.raises(RuntimeError, match="the actor group cannot be used, its ranks were killed after: actor rank 1"):
+            group.compute_logprobs(batch)
+    finally:
+        group.shutdown()
+
+
+def test_sigkill_of_rank_1_mid_update_surfaces_naming_it(ray_session, tiny_model_dir):
+    """Rank 1 SIGKILLed while the update is in flight (rank 0 inside it): the error names rank 1
+    as dead, whatever rank 0's broken collective raised meanwhile, and no rank is left."""
+    batch = _update_batch(7)
+    group = TrainerGroup("actor", tiny_model_dir, trainer_config(num_workers=2), AlgorithmConfig())
+    workers = list(group.workers)
+    pid = group.info[1]["pid"]
+    _hold(workers[1])
+    updating = threading.Event()
+
+    def kill_rank_1():
+        updating.wait(120)
+        time.sleep(1.0)  # orders the kill after the update's submission (either order tests a dead rank 1)
+        os.kill(pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_rank_1, daemon=True)
+    killer.start()
+    try:
+        updating.set()
+        with pytest.raises(TrainerRankError, match=r"actor rank 1 failed in update_policy: its process died"):
+            group.update_policy(batch)
+        assert_ranks_gone(workers)
+    finally:
+        killer.join(timeout=120)
+        group.shutdown()
+
+
+def test_a_collective_past_the_timeout_raises_on_the_waiting_rank(ray_session, tiny_model_dir):
+    """trainer.collective_timeout_s bounds a collective: rank 1 stuck elsewhere (alive, so nothing
+    failed), rank 0's first all-gather raises after the timeout; the group names rank 0's error and
+    rank 1 as not done, and kills both."""
+    group = TrainerGroup("reference", tiny_model_dir, trainer_config(num_workers=2, collective_timeout_s=20))
+    workers = list(group.workers)
+    _hold(workers[1])
+    try:
+        with pytest.raises(TrainerRankError, match="reference rank 0 failed in compute_logprobs: .*[Tt]imed out") as failure:
+            group.compute_logprobs(random_batch(4, seed=8))
+        assert failure.value.not_done == [1]
+        assert_ranks_gone(workers)
+    finally:
+        group.shutdown()

@@ -43,3 +43,23 @@ def weights(group) -> dict[str, torch.Tensor]:
 def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys()
     return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+
+def assert_ranks_gone(workers: list, timeout_s: float = 60.0) -> None:
+    """Within `timeout_s` (ray.kill is asynchronous), every one of these rank actors is dead: a
+    call on it fails with RayActorError (the ranks never restart)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    alive = list(workers)
+    while alive:
+        for worker in list(alive):
+            try:
+                ray.get(worker.__ray_ready__.remote(), timeout=5)
+            except ray.exceptions.RayActorError:
+                alive.remove(worker)
+            except ray.exceptions.GetTimeoutError:
+                pass  # busy, so alive
+        assert not alive or time.monotonic() < deadline, f"{len(alive)} trainer ranks still alive after {timeout_s:g} s"
+        time.sleep(0.5 if alive else 0)

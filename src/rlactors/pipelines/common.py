@@ -21,14 +21,16 @@ import numpy as np
 import ray
 import torch
 
-from rlactors import algorithms
+from rlactors import algorithms, preflight
 from rlactors.buffer import ReplayBuffer
+from rlactors.buffer.ledger_log import LEDGER_FOLDER
 from rlactors.buffer.records import SampledBatchRef
 from rlactors.config import Config, dump_config
-from rlactors.data import PromptDataset, read_parquet_rows, to_request
+from rlactors.data import PromptDataset, to_request
 from rlactors.metrics import MetricsLogger, plot_metrics
-from rlactors.models import ensure_model, load_tokenizer
+from rlactors.models import ensure_run_model, load_tokenizer
 from rlactors.pipelines.batch_builder import BatchBuilder
+from rlactors.pipelines.teardown import run_parts, stop_all
 from rlactors.placement import trainer_roles
 from rlactors.placement.cluster import Placement, check_visible_everywhere, plan_for_cluster
 from rlactors.reward.scorer import RewardPool
@@ -89,19 +91,11 @@ class Run:
         return self.placement.plan.num_devices if self.placement is not None else 1
 
     def shutdown(self) -> None:
-        try:
-            for trainer in (self.actor, self.reference, self.critic):
-                if trainer is not None:
-                    trainer.shutdown()
-            for engine in self.router.engines:
-                ray.kill(engine)
-            self.reward.shutdown()
-            ray.kill(self.buffer)
-            if self.builder is not None:
-                ray.kill(self.builder)
-        finally:
-            if self.placement is not None:
-                self.placement.release()
+        """Stop every actor (trainer ranks, engines, reward scorers, buffer, builder), each bounded
+        and killed if it fails or hangs, then release the placement groups; the errors are
+        reported once everything is down (`rlactors.pipelines.teardown`)."""
+        stop_all(run_parts((self.actor, self.reference, self.critic), self.router, self.reward, self.buffer,
+                           self.builder), self.placement)
 
 
 def data_files(config: Config, output_dir: Path) -> tuple[list[str], list[str]]:
@@ -125,26 +119,28 @@ def build_run(config: Config, model_path: str | None = None) -> Run:
     output_dir.mkdir(parents=True, exist_ok=True)
     dump_config(config, output_dir / "config.yaml")
     seed_everything(config.pipeline.seed)
-    model_path = str(model_path or ensure_model(config.model.path, config.model.preset, config.model.seed,
-                                                config.model.architecture))
+    # An impossible run is refused here, before Ray or any actor starts (see rlactors.preflight).
+    preflight.check_config(config, output_dir)
+    model_path = str(model_path or ensure_run_model(config.model, output_dir))
+    preflight.check_model(config, model_path)
     tokenizer = load_tokenizer(model_path)
     train_files, val_files = data_files(config, output_dir)
     dataset = PromptDataset.from_files(train_files, seed=config.data.seed, shuffle=config.data.shuffle,
                                        skip_bad_rows=config.data.skip_bad_rows)
-    requests_for(dataset.rows, tokenizer, config)  # every training prompt checked up front
-    val_rows = [row for path in val_files for row in read_parquet_rows(path, config.data.skip_bad_rows)[0]]
-    val_requests = requests_for(val_rows, tokenizer, config)
+    val_requests = preflight.check_prompts(config, tokenizer, dataset.rows, train_files, val_files)
 
     init_ray()
     plan = plan_for_cluster(config)  # a run that cannot fit fails here, naming what is missing
     check_visible_everywhere(output_dir, plan)
     placement = Placement.reserve(plan, config.pipeline.placement_timeout_s)
+    trainers: dict[str, TrainerGroup] = {}
+    router = reward = buffer = builder = None
     try:
         algorithm, sampling = config.algorithm, config.rollout.sampling
         norm_tokens = algorithm.loss_norm_tokens or sampling.max_response_tokens
-        roles = trainer_roles(config)
-        trainers = {role: TrainerGroup(role, model_path, config.trainer, algorithm, seed=config.pipeline.seed,
-                                       norm_tokens=norm_tokens, placement=placement) for role in roles}
+        for role in trainer_roles(config):
+            trainers[role] = TrainerGroup(role, model_path, config.trainer, algorithm, seed=config.pipeline.seed,
+                                          norm_tokens=norm_tokens, placement=placement)
         if config.trainer.offload and config.pipeline.mode == "colocated":
             # Before the engines start: vLLM claims its share of the device only if it is free, and
             # the first generation then has the device to itself.
@@ -157,10 +153,12 @@ def build_run(config: Config, model_path: str | None = None) -> Run:
         router.ready()
         reward = RewardPool(config.reward, max_response_tokens=sampling.max_response_tokens)
         buffer = ReplayBuffer.options(**placement.near("actor")).remote(
-            config.buffer, config.pipeline.batch_size_prompts, config.pipeline.trigger_parameter_sync_step)
+            config.buffer, config.pipeline.batch_size_prompts, config.pipeline.trigger_parameter_sync_step,
+            ledger_dir=str(output_dir / LEDGER_FOLDER))
         builder = BatchBuilder.options(**placement.near("actor")).remote(algorithm)
     except BaseException:
-        placement.release()  # actors already started in its bundles go with it
+        # Everything started so far, in and outside the placement groups; the error stays the one raised.
+        stop_all(run_parts(trainers.values(), router, reward, buffer, builder), placement)
         raise
     kl_controller = (algorithms.AdaptiveKLController(algorithm.kl_coef, algorithm.kl_target, algorithm.kl_horizon)
                      if algorithm.kl_controller == "adaptive" else algorithms.FixedKLController(algorithm.kl_coef))
@@ -210,9 +208,10 @@ def prepare_batch(run: Run, sampled: SampledBatchRef) -> tuple[TrainBatchRef, di
     batch = get_within(run.builder.assemble.remote(sampled.groups_ref), BUILDER_TIMEOUT_S, "batch_builder.assemble")
     # One trainer after the other, as they would run with the rows fetched here: colocated roles
     # share devices, and three forward passes at once would need three times the activations.
-    old_rows = finished(run.actor.logprob_rows(batch, temperature))
-    ref_rows = finished(run.reference.logprob_rows(batch, temperature)) if run.reference is not None else None
-    value_rows = finished(run.critic.value_rows(batch)) if algorithm.advantage == "gae" else None
+    # Each returns once all its ranks finished, or raises naming the rank that failed.
+    old_rows = run.actor.logprob_rows(batch, temperature)
+    ref_rows = run.reference.logprob_rows(batch, temperature) if run.reference is not None else None
+    value_rows = run.critic.value_rows(batch) if algorithm.advantage == "gae" else None
     kl_coef = run.kl_controller.value if algorithm.use_kl_in_reward else None
     batch, metrics, current_kl = get_within(run.builder.finish.remote(batch.ref, old_rows, ref_rows, value_rows, kl_coef),
                                             BUILDER_TIMEOUT_S, "batch_builder.finish")
@@ -220,12 +219,6 @@ def prepare_batch(run: Run, sampled: SampledBatchRef) -> tuple[TrainBatchRef, di
         run.kl_controller.update(current_kl, num_steps=len(batch))
         metrics |= {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_coef": run.kl_controller.value}
     return batch, metrics
-
-
-def finished(refs: list[ray.ObjectRef]) -> list[ray.ObjectRef]:
-    """`refs` once all are done (or failed), nothing fetched into this process."""
-    ray.wait(refs, num_returns=len(refs), fetch_local=False)
-    return refs
 
 
 def update(run: Run, batch: TrainBatchRef) -> dict[str, float]:
@@ -256,7 +249,9 @@ def sync_weights(run: Run) -> dict[str, float]:
 
 
 def rollout_metrics(sampled: SampledBatchRef, max_response_tokens: int) -> dict[str, float]:
-    """Reward, length and staleness metrics of a sampled batch, from the numbers the buffer sent."""
+    """Reward, length and staleness metrics of a sampled batch, from the numbers the buffer sent,
+    and the prompts the buffer dropped since the previous batch, by kind (rollout_error,
+    zero_variance, stale)."""
     lengths = np.array(sampled.response_lengths, dtype=float)
     scores = np.array(sampled.scores, dtype=float)
     accuracy = [value for value in sampled.accuracies if value is not None]
@@ -269,6 +264,7 @@ def rollout_metrics(sampled: SampledBatchRef, max_response_tokens: int) -> dict[
         "response_length/clip_ratio": float((lengths >= max_response_tokens).mean()),
         "staleness/mean": float(np.mean(staleness)) if staleness else 0.0,
         "staleness/max": float(max(staleness)) if staleness else 0.0,
+        **{f"buffer/num_dropped_{kind}": float(count) for kind, count in sampled.num_dropped.items()},
     }
     if accuracy:
         metrics["reward/acc"] = float(np.mean(accuracy))
@@ -322,6 +318,7 @@ def end_step(run: Run, logger: MetricsLogger, sampled: SampledBatchRef, metrics:
     pipeline = run.config.pipeline
     run.step += 1
     metrics |= rollout_metrics(sampled, run.config.rollout.sampling.max_response_tokens)
+    run.reward.check_step(len(sampled.scores), sampled.num_score_errors, sampled.groups_ref)  # stops a run scoring nothing
     metrics |= {f"timing_s/{name}": seconds for name, seconds in timings.items()}
     metrics["throughput/tokens_per_s_per_device"] = throughput(sampled, timings["step"], run.num_devices)
     metrics["policy_version"] = run.policy_version

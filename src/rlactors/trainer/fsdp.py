@@ -11,6 +11,7 @@ import math
 import os
 import socket
 from collections.abc import Iterator
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -34,14 +35,24 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int) -> DeviceMesh:
-    """Join the group's process group (blocks until all ranks joined) and return a 1-D mesh."""
+def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int,
+                     timeout_s: float = 600.0) -> DeviceMesh:
+    """Join the group's process group (blocks until all ranks joined, at most `timeout_s`) and
+    return a 1-D mesh. Every collective of the group is bounded by `timeout_s`: on gloo a rank
+    waiting longer for its peers raises; on NCCL the watchdog aborts the collective and ends the
+    rank's process (CUDA work queued after a failed collective is not safe to run), which the
+    group sees as the rank dying."""
     device_type, backend = detect_device()
     os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK="0")
     if device_type == "cuda":
         torch.cuda.set_device(0)  # Ray gives each rank actor its own visible device
-    dist.init_process_group(backend, rank=rank, world_size=world_size)
+        # 1: on a timed-out or failed collective, abort the communicator and tear the process down
+        # (recent torch defaults to 3, the same without the clean-up); never 0, under which a
+        # timed-out NCCL collective leaves the rank spinning on the device. TORCH_NCCL_BLOCKING_WAIT
+        # (raise in the waiting thread instead) stays off: it blocks the CPU on every collective.
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
     return init_device_mesh(device_type, (world_size,))
 
 

@@ -17,6 +17,14 @@ Every call also takes a `TrainBatchRef` (a batch already in the object store, wi
 then the batch never enters this process. `logprob_rows` and `value_rows` leave the ranks' results
 in the object store too (the ranks keep every result there, `rlactors.transport`), for the batch
 builder to merge; a training step on the driver moves refs and metrics only.
+
+Failures: every call returns once all ranks have answered, or raises at the first rank that raises
+or dies (`rlactors.trainer.ranks.TrainerRankError`, naming the rank, the call and its error), or
+past `trainer.call_timeout_s` (naming the ranks not done). Either way every rank of the group is
+killed first (the others are stuck in a collective), and any later call raises at once. Only an
+error that every rank raised alike (a check before any collective) keeps the group, and is raised
+as the ranks raised it.
+`shutdown()` is bounded too: a rank that does not leave its process group in time is killed.
 """
 
 from __future__ import annotations
@@ -34,11 +42,16 @@ from rlactors.trainer.batch import (
     plan_mini_batches,
     rows_in_batch_order,
 )
+from rlactors.trainer.ranks import TrainerRankError, kill_ranks, wait_for_ranks
 from rlactors.trainer.worker import TrainerWorker
 from rlactors.transport import results_in_object_store
 from rlactors.waits import get_within
 
 BatchArg = TrainBatch | TrainBatchRef | ray.ObjectRef  # by value, in the object store with its lengths, or a bare ref
+
+# Leaving the process group takes milliseconds on gloo, seconds on NCCL; a rank that takes longer is
+# stuck (in a collective with a dead peer) and is killed instead.
+SHUTDOWN_TIMEOUT_S = 15.0
 
 
 class TrainerGroup:
@@ -55,19 +68,40 @@ class TrainerGroup:
                              "or the group's norm_tokens (e.g. the maximum response length)")
         self.role, self.trainer = role, trainer
         self.num_workers = trainer.num_workers
+        self.stopped: str | None = None  # why the ranks are gone (a failure, or shutdown)
         self.workers = [ray.remote(TrainerWorker).options(**results_in_object_store(
             placement.trainer_options(role, rank) if placement is not None
             else unplaced_options(trainer.num_cpus_per_worker, 1))).remote(rank, self.num_workers, trainer.num_cpus_per_worker)
             for rank in range(self.num_workers)]
         try:
-            master_addr, master_port = ray.get(self.workers[0].master_address.remote())
-            # All ranks must enter setup together: init_process_group blocks until every rank joined.
-            self.info = ray.get([w.setup.remote(role, str(model_path), master_addr, master_port, trainer, algorithm,
-                                                seed, algorithm.loss_norm_tokens or norm_tokens) for w in self.workers])
-        except Exception:
-            for worker in self.workers:
-                ray.kill(worker)
+            # Every rank's process up first (rank 0's address is the rendezvous), so that all enter
+            # setup together: init_process_group waits at most collective_timeout_s for the others.
+            master_addr, master_port = self._wait([w.master_address.remote() for w in self.workers], "start")[0]
+            self.info = self._wait([w.setup.remote(role, str(model_path), master_addr, master_port, trainer, algorithm,
+                                                   seed, algorithm.loss_norm_tokens or norm_tokens)
+                                    for w in self.workers], "setup")
+        except BaseException:
+            kill_ranks(self.workers)  # also on an interrupt: ranks half-way into the rendezvous
+            self.workers = []
             raise
+
+    def _wait(self, refs: list[ray.ObjectRef], call: str) -> list:
+        """The ranks' results of `call` (refs[i] from rank i); at the first failure, or past
+        `trainer.call_timeout_s`, every rank is killed and the error names the rank."""
+        try:
+            return wait_for_ranks(self.role, self.workers, refs, call, self.trainer.call_timeout_s)
+        except (TrainerRankError, TimeoutError) as error:
+            self.stopped, self.workers = f"its ranks were killed after: {error}", []
+            raise
+
+    def _on_all(self, call: str, *args) -> list:
+        """`call(*args)` on every rank at once; results in rank order."""
+        return self._wait([getattr(w, call).remote(*args) for w in self._live_workers(call)], call)
+
+    def _live_workers(self, call: str) -> list:
+        if self.stopped is not None:
+            raise RuntimeError(f"{self.role}.{call}: the {self.role} group cannot be used, {self.stopped}")
+        return self.workers
 
     def _plans(self, batch: TrainBatchRef, num_mini_batches: int) -> list[MiniBatchPlan]:
         return plan_mini_batches(batch.sequence_lengths, batch.response_lengths, num_mini_batches, self.num_workers,
@@ -89,13 +123,17 @@ class TrainerGroup:
         if len(batch) == 0:
             raise ValueError(f"{self.role}.{method}: empty batch")
         plans = self._plans(batch, num_mini_batches)
-        return ray.get([getattr(w, method).remote(batch.ref, [plan.for_rank(rank) for plan in plans], *args)
-                        for rank, w in enumerate(self.workers)])
+        return self._wait([getattr(w, method).remote(batch.ref, [plan.for_rank(rank) for plan in plans], *args)
+                           for rank, w in enumerate(self._live_workers(method))], method)
 
     def _forward_refs(self, method: str, batch: TrainBatchRef, *args) -> list[ray.ObjectRef]:
-        """A forward-only pass over one mini-batch: one ref per rank of its (sequence index, ...) rows."""
+        """A forward-only pass over one mini-batch, once every rank has finished it: one ref per
+        rank of its (sequence index, ...) rows, which stay in the object store."""
         plan = self._plans(batch, 1)[0]
-        return [getattr(w, method).remote(batch.ref, plan.for_rank(rank), *args) for rank, w in enumerate(self.workers)]
+        calls = [w.rows_in_store.remote(method, batch.ref, plan.for_rank(rank), *args)
+                 for rank, w in enumerate(self._live_workers(method))]
+        self._wait([num_rows for num_rows, _ in calls], method)  # the small results: failures show there
+        return [rows for _, rows in calls]
 
     def _forward(self, method: str, batch: BatchArg, *args) -> list:
         """A forward-only pass: results as (sequence index, ...) rows from all ranks, in batch order."""
@@ -121,8 +159,9 @@ class TrainerGroup:
 
     def logprob_rows(self, batch: TrainBatchRef, temperature: float = 1.0, with_entropy: bool = False
                      ) -> list[ray.ObjectRef]:
-        """`compute_logprobs` left in the object store: one ref per rank of its (sequence index,
-        logprobs, entropies or None) rows; `rows_in_batch_order` merges them where they are read."""
+        """`compute_logprobs` left in the object store, returned once every rank has finished: one
+        ref per rank of its (sequence index, logprobs, entropies or None) rows; `rows_in_batch_order`
+        merges them where they are read."""
         return self._forward_refs("compute_logprobs", batch, temperature, with_entropy)
 
     def value_rows(self, batch: TrainBatchRef) -> list[ray.ObjectRef]:
@@ -146,33 +185,51 @@ class TrainerGroup:
         """(ObjectRefs of weight buckets, total bytes); each bucket a list of (HF name, tensor).
         The refs are owned by rank 0's actor: read them while the group is alive, then drop them."""
         bucket_bytes = bucket_bytes or self.trainer.export_bucket_bytes
-        results = ray.get([w.export_weights.remote(bucket_bytes, dtype) for w in self.workers])
-        return results[0]
+        return self._on_all("export_weights", bucket_bytes, dtype)[0]
 
     def save_hf(self, path: str) -> None:
-        ray.get([w.save_hf.remote(str(path)) for w in self.workers])
+        self._on_all("save_hf", str(path))
 
     def save_checkpoint(self, root: str, step: int) -> str:
-        return ray.get([w.save_checkpoint.remote(str(root), step) for w in self.workers])[0]
+        return self._on_all("save_checkpoint", str(root), step)[0]
 
     def load_checkpoint(self, path: str) -> int:
-        return ray.get([w.load_checkpoint.remote(str(path)) for w in self.workers])[0]
+        return self._on_all("load_checkpoint", str(path))[0]
 
     def offload(self) -> list[dict]:
         """Every rank's parameters and optimizer state to host memory (colocated: while the engines
         generate); per rank {"phase", "moved_bytes", "memory"}. Calling it again moves nothing."""
-        return ray.get([w.offload.remote() for w in self.workers])
+        return self._on_all("offload")
 
     def onload(self) -> list[dict]:
         """Back onto the devices, before the next forward pass; the inverse of `offload`."""
-        return ray.get([w.onload.remote() for w in self.workers])
+        return self._on_all("onload")
 
     def phase_logs(self) -> list[list[dict]]:
         """Each rank's phase log (see `rlactors.phases`), in rank order."""
         return get_within([w.phase_log.remote() for w in self.workers], PHASE_LOG_TIMEOUT_S, f"{self.role} ranks' phase_log")
 
     def shutdown(self) -> None:
-        ray.get([w.shutdown.remote() for w in self.workers])
-        for worker in self.workers:
-            ray.kill(worker)
-        self.workers = []
+        """Leave the process group on every rank and stop the ranks; at most SHUTDOWN_TIMEOUT_S.
+        Every rank is killed in the end; a rank that failed to leave, or did not in time (stuck
+        in a collective), is named in a RuntimeError raised after that. Calling it again, or
+        after a failure already killed the ranks, does nothing."""
+        workers, self.workers = self.workers, []
+        if self.stopped is None:
+            self.stopped = "it was shut down"
+        if not workers:
+            return
+        refs = [w.shutdown.remote() for w in workers]
+        try:
+            ready, not_done = ray.wait(refs, num_returns=len(refs), timeout=SHUTDOWN_TIMEOUT_S)
+            problems = [f"rank {refs.index(ref)} did not leave its process group within {SHUTDOWN_TIMEOUT_S:g} s"
+                        for ref in not_done]
+            for ref in ready:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayError as error:
+                    problems.append(f"rank {refs.index(ref)}: {type(error).__name__}: {str(error).splitlines()[0]}")
+        finally:
+            kill_ranks(workers)
+        if problems:
+            raise RuntimeError(f"{self.role} group shutdown (every rank was killed): " + "; ".join(problems))

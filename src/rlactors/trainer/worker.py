@@ -87,7 +87,8 @@ class TrainerWorker:
               algorithm: AlgorithmConfig, seed: int = 0, norm_tokens: int | None = None) -> dict:
         self.role, self.model_path, self.trainer, self.algorithm = role, model_path, trainer, algorithm
         self.norm_tokens = norm_tokens
-        self.mesh = fsdp.init_distributed(self.rank, self.world_size, master_addr, master_port)
+        self.mesh = fsdp.init_distributed(self.rank, self.world_size, master_addr, master_port,
+                                          trainer.collective_timeout_s)
         self.device = torch.device(self.mesh.device_type, torch.cuda.current_device()) \
             if self.mesh.device_type == "cuda" else torch.device("cpu")
         if self.device.type == "cpu" and trainer.cpu_cores:
@@ -98,6 +99,7 @@ class TrainerWorker:
         model = fsdp.load_role_model(model_path, role, seed)
         self.architecture = type(model).__name__  # before FSDP2 renames the class
         self.pad_token_id = model.config.pad_token_id or 0
+        self.vocab_size = model.get_input_embeddings().num_embeddings
         trainable = role != "reference"
         model.requires_grad_(trainable)
         self.model = fsdp.shard_model(model, self.mesh, trainable and trainer.gradient_checkpointing)
@@ -111,8 +113,25 @@ class TrainerWorker:
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: fsdp.lr_multiplier(
                 step, optim.warmup_steps, optim.total_steps, optim.lr_schedule, optim.min_lr_ratio))
         torch.manual_seed(seed + self.rank)  # per-rank stream for anything random in training (saved in checkpoints)
-        return {"rank": self.rank, "device": str(self.device), "num_parameters": sum(
+        return {"rank": self.rank, "pid": os.getpid(), "device": str(self.device), "num_parameters": sum(
             p.numel() for p in self.model.parameters())}
+
+    def _micro_batch(self, batch: TrainBatch, indices: list[int], fields: tuple[str, ...] = ()) -> MicroBatch:
+        """One micro-batch on this rank's device. A token id outside the vocabulary is an error
+        naming its sequence (the embedding lookup's own error names none)."""
+        micro = build_micro_batch(batch, indices, fields, self.pad_token_id)
+        if micro.input_ids.numel() and not 0 <= int(micro.input_ids.min()) <= int(micro.input_ids.max()) < self.vocab_size:
+            i = next(i for i in indices if any(not 0 <= t < self.vocab_size
+                                               for t in batch.prompt_token_ids[i] + batch.response_token_ids[i]))
+            raise ValueError(f"{batch.describe(i)}: a token id outside the model's vocabulary of {self.vocab_size}")
+        return micro.to(self.device)
+
+    @ray.method(num_returns=2)
+    def rows_in_store(self, method: str, batch: TrainBatch, plan: MiniBatchPlan, *args) -> tuple[int, list]:
+        """Forward pass `method` as two results: the row count, which the group waits on, and the
+        rows, left in the object store for whoever merges them (the caller never fetches them)."""
+        rows = getattr(self, method)(batch, plan, *args)
+        return len(rows), rows
 
     # ----------------------------------------------------------------------------------------
     # Forward-only passes
@@ -124,7 +143,7 @@ class TrainerWorker:
         self._start("compute_logprobs", ("actor", "reference"))
         out = []
         for indices in plan.micro_batches[0]:
-            micro = build_micro_batch(batch, indices, pad_token_id=self.pad_token_id).to(self.device)
+            micro = self._micro_batch(batch, indices)
             logits = fsdp.response_logits(self.model, micro, temperature)
             rows = unpad_rows(logprobs_from_logits(logits, micro.labels), micro)
             entropies = [e for _, e in unpad_rows(chunked_entropy_from_logits(logits), micro)] if with_entropy \
@@ -137,7 +156,7 @@ class TrainerWorker:
         self._start("compute_values", ("critic",))
         out = []
         for indices in plan.micro_batches[0]:
-            micro = build_micro_batch(batch, indices, pad_token_id=self.pad_token_id).to(self.device)
+            micro = self._micro_batch(batch, indices)
             out += unpad_rows(fsdp.response_values(self.model, micro), micro)
         return out
 
@@ -224,7 +243,7 @@ class TrainerWorker:
                     # saves nothing there). Several ranks: reduce-scatter every micro-batch, so no
                     # rank ever holds a full gradient.
                     self.model.set_requires_gradient_sync(self.world_size > 1 or k == len(micro_batches) - 1)
-                    micro = build_micro_batch(batch, indices, tuple(fields), self.pad_token_id).to(self.device)
+                    micro = self._micro_batch(batch, indices, tuple(fields))
                     loss, micro_sums = loss_fn(micro, plan)
                     (loss * self.world_size).backward()
                     for key, value in micro_sums.items():
