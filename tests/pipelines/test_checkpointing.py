@@ -16,7 +16,7 @@ from rlactors.config import AlgorithmConfig, TrainerConfig, load_config
 from rlactors.data import PromptDataset, read_parquet_rows
 from rlactors.models import build_char_tokenizer
 from rlactors.pipelines import checkpointing, common
-from rlactors.pipelines.fully_async import feed_prompts_under_lock
+from rlactors.pipelines.common import feed_prompts
 from rlactors.synthetic import write_task
 
 HANG_GUARD_S = 60.0
@@ -63,7 +63,7 @@ def test_a_checkpoint_taken_while_prompts_are_fed_is_one_consistent_cut(ray_sess
     run = SimpleNamespace(dataset=PromptDataset(rows, seed=1), buffer=ReplayBuffer.remote(config.buffer, 4, ledger_dir=ledger_dir),
                           tokenizer=build_char_tokenizer(), config=config)
     run.dataset.lock = lock = WatchedLock()
-    feed_prompts_under_lock(run, 8)
+    feed_prompts(run, 8)
     advanced, saved = threading.Event(), threading.Event()
     tokenize = common.requests_for
 
@@ -79,7 +79,7 @@ def test_a_checkpoint_taken_while_prompts_are_fed_is_one_consistent_cut(ray_sess
 
     monkeypatch.setattr(common, "requests_for", pause_between_cursor_and_buffer)
     cursors = []
-    feeder = threading.Thread(target=feed_prompts_under_lock, args=(run, 4), name="feeder")  # 2 of epoch 0, 2 of 1
+    feeder = threading.Thread(target=feed_prompts, args=(run, 4), name="feeder")  # 2 of epoch 0, 2 of 1
     feeder.start()
     assert advanced.wait(HANG_GUARD_S), "the feeder never advanced the cursor"
 
@@ -105,7 +105,7 @@ def test_a_checkpoint_taken_while_prompts_are_fed_is_one_consistent_cut(ray_sess
     ray.get(resumed.buffer.load.remote(str(tmp_path / "buffer")))
     resumed.dataset.load_state_dict(cursor)
     assert set(_ledger_keys(resumed.buffer)) == _passed_keys(rows, 1, cursor)
-    feed_prompts_under_lock(resumed, 2 * len(rows) - (cursor["epoch"] * len(rows) + cursor["position"]))  # to epoch 1's end
+    feed_prompts(resumed, 2 * len(rows) - (cursor["epoch"] * len(rows) + cursor["position"]))  # to epoch 1's end
     keys = _ledger_keys(resumed.buffer)
     assert len(keys) == len(set(keys)) == 2 * len(rows)
     for epoch in (0, 1):

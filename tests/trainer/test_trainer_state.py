@@ -33,6 +33,11 @@ def test_resume_reproduces_the_uninterrupted_next_step(ray_session, tiny_model_d
         second_batch = _policy_batch(group, seed=2)
         expected = group.update_policy(second_batch)
         expected_weights = weights(group)
+        # Saving a step again writes a new revision; the path returned is the one `latest` names.
+        again = tmp_path / "again"
+        group.save_checkpoint(again, step=1)
+        resaved = group.save_checkpoint(again, step=1)
+        assert resaved == str(checkpoint.latest_checkpoint(again)) and not resaved.endswith("step_00000001")
     finally:
         group.shutdown()
     # A kill in the middle of writing the next checkpoint leaves a half-written temp directory.

@@ -3,8 +3,10 @@
     output_dir/checkpoints/step_00000010/
         actor/        the actor group's DCP checkpoint (model, optimizer, LR scheduler, RNG, step)
         critic/       the same for the critic (PPO only)
-        buffer/       the replay buffer's state as parquet: ledger, queued groups, in-flight
-                      reservations (their prompts are re-issued on resume), counters
+        buffer/       the replay buffer's state as parquet: the in-flight window (pending
+                      prompts, reservations, whose prompts are re-issued on resume, queued groups),
+                      counters, and the cut of the run's ledger log (output_dir/ledger/, where
+                      finished prompts are recorded once; a resume truncates it to this cut)
         driver.json   step, policy_version, data cursor, KL controller, reward counters
         driver_rng.pt the driver's Python, NumPy and torch RNG states (tensors and plain values only)
     output_dir/checkpoints/latest
@@ -14,8 +16,8 @@ moves (`rlactors.trainer.checkpoint.commit`), so a kill or power loss mid-write 
 previous checkpoint loadable; `pipeline.keep_checkpoints` then bounds how many stay.
 
 One consistent cut: the buffer's state and the data cursor are snapshotted together under
-`PromptDataset.lock`, which whoever feeds prompts holds from advancing the cursor until the
-prompts are in the buffer (the async producer thread keeps running during a checkpoint). So
+`PromptDataset.lock`, which `feed_prompts` holds from advancing the cursor until the prompts are
+in the buffer (the async producer thread keeps running during a checkpoint). So
 every prompt the saved cursor has passed is in the saved buffer, and none it has not. Generation
 need not pause: open reservations are in the buffer's state and re-issued on resume.
 """

@@ -16,12 +16,12 @@ import json
 import time
 from pathlib import Path
 
-import ray
-
 from rlactors.config import Config
 from rlactors.pipelines.common import (
     Run,
+    ask_buffer,
     begin,
+    buffer_wait_ran_out,
     build_run,
     end_step,
     feed_prompts,
@@ -39,9 +39,11 @@ def fill_batch(run: Run, batch_size: int):
     rewards have zero variance are rejected, so this may take several rounds (bounded by the buffer)."""
     while True:
         try:
-            return ray.get(run.buffer.sample.remote(batch_size, run.policy_version, 0.01))
-        except TimeoutError:
-            pending = ray.get(run.buffer.metrics.remote())["num_pending"]
+            return ask_buffer(run, "sample", batch_size, run.policy_version, 0.01, wait_s=0.01)
+        except TimeoutError as error:
+            if not buffer_wait_ran_out(error):
+                raise
+            pending = ask_buffer(run, "metrics")["num_pending"]
             if pending < batch_size:
                 feed_prompts(run, batch_size - pending)
             produce(run, batch_size)
@@ -93,7 +95,7 @@ def run_colocated(config: Config, model_path: str | None = None) -> list[dict]:
             onloaded = onload_trainers(run) if offload else {}
             batch, metrics = prepare_batch(run, sampled)
             metrics |= onloaded | update(run, batch)
-            ray.get(run.buffer.ack.remote(sampled.batch_id))
+            ask_buffer(run, "ack", sampled.batch_id)
             updated = time.perf_counter()
             metrics |= sync_weights(run)  # wakes the sleeping engines' weights and loads the new ones
             if offload:

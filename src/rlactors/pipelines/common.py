@@ -44,6 +44,8 @@ from rlactors.waits import get_within
 # Assembling a batch and its advantages is bookkeeping on data already in the object store: seconds
 # even at scale; past this the builder is stuck.
 BUILDER_TIMEOUT_S = 600.0
+# The buffer answers from memory (reserve and sample add their own, explicit waits): past this it is stuck.
+BUFFER_TIMEOUT_S = 300.0
 
 
 def init_ray() -> None:
@@ -170,29 +172,57 @@ def build_run(config: Config, model_path: str | None = None) -> Run:
 # Rollout side
 
 
+def ask_buffer(run: Run, method: str, *args, wait_s: float | None = None):
+    """`run.buffer.<method>(*args)`, answered within BUFFER_TIMEOUT_S plus the call's own wait
+    `wait_s` (reserve, sample), or a TimeoutError naming the call. A dead buffer raises Ray's
+    ActorDiedError, which names the ReplayBuffer and why it died."""
+    return get_within(getattr(run.buffer, method).remote(*args), BUFFER_TIMEOUT_S + (wait_s or 0.0),
+                      f"replay_buffer.{method}")
+
+
+def buffer_wait_ran_out(error: BaseException) -> bool:
+    """Whether `error` is the buffer's own bounded wait ending empty-handed (reserve or sample with a
+    timeout: not now, ask again), as opposed to a stuck or dead buffer."""
+    return isinstance(error, ray.exceptions.RayTaskError) and isinstance(error, TimeoutError)
+
+
+def scoring_bound_s(config: Config, num_groups: int, num_samples: int) -> float:
+    """The longest scoring `num_groups` groups can take with every sample running into the reward
+    time limit, one after the other; past it a scorer is stuck."""
+    return BUFFER_TIMEOUT_S + num_groups * num_samples * config.reward.timeout_s
+
+
 def feed_prompts(run: Run, num_prompts: int) -> None:
     """Hand the buffer the next `num_prompts` prompts from the data cursor, each stamped with the
     epoch it belongs to (a batch that crosses an epoch boundary is added in two parts: the ledger
-    counts each prompt once per epoch)."""
+    counts each prompt once per epoch). Under the data set's lock, so a checkpoint taken from
+    another thread sees the cursor and the buffer agree (`rlactors.pipelines.checkpointing`)."""
     dataset = run.dataset
-    while num_prompts > 0:
-        at_end = dataset.position == len(dataset)
-        epoch = dataset.epoch + 1 if at_end else dataset.epoch
-        take = min(num_prompts, len(dataset) if at_end else len(dataset) - dataset.position)
-        rows = dataset.next_batch(take)
-        ray.get(run.buffer.add_prompts.remote(requests_for(rows, run.tokenizer, run.config), epoch))
-        num_prompts -= take
+    with dataset.lock:
+        while num_prompts > 0:
+            at_end = dataset.position == len(dataset)
+            epoch = dataset.epoch + 1 if at_end else dataset.epoch
+            take = min(num_prompts, len(dataset) if at_end else len(dataset) - dataset.position)
+            rows = dataset.next_batch(take)
+            ask_buffer(run, "add_prompts", requests_for(rows, run.tokenizer, run.config), epoch)
+            num_prompts -= take
 
 
 def produce(run: Run, max_groups: int, producer_id: str = "driver", timeout_s: float | None = None) -> int:
     """Reserve prompts, generate, score each group as it arrives, and put it in the buffer (the
     Groups travel as refs: engine -> scorer -> buffer). Returns the number of groups produced (0:
-    nothing could be reserved)."""
-    requests = ray.get(run.buffer.reserve.remote(max_groups, producer_id, timeout_s))
+    nothing could be reserved, within `timeout_s` when given)."""
+    try:
+        requests = ask_buffer(run, "reserve", max_groups, producer_id, timeout_s, wait_s=timeout_s)
+    except TimeoutError as error:
+        if timeout_s is not None and buffer_wait_ran_out(error):
+            return 0  # backpressure: the producers are as far ahead as the staleness bound allows
+        raise
     if not requests:
         return 0
     puts = [run.buffer.put.remote([run.reward.score(group_ref)]) for _, group_ref in run.router.generate_refs(requests)]
-    ray.get(puts)
+    num_samples = run.config.rollout.sampling.num_samples_per_prompt
+    get_within(puts, scoring_bound_s(run.config, len(puts), num_samples), "replay_buffer.put of scored groups")
     return len(requests)
 
 
@@ -233,7 +263,7 @@ def publish_weights(run: Run) -> dict[str, float]:
     refs, num_bytes = run.actor.export_weights()
     run.router.update_weights(refs, run.policy_version)
     del refs  # the buckets live in rank 0's object store until dropped
-    ray.get(run.buffer.set_policy_version.remote(run.policy_version))
+    ask_buffer(run, "set_policy_version", run.policy_version)
     elapsed = time.perf_counter() - start
     return {"timing_s/weight_sync": elapsed, "weight_sync/bytes_per_s": num_bytes / max(elapsed, 1e-9)}
 
@@ -277,7 +307,9 @@ def validate(run: Run) -> dict[str, float]:
         return {}
     sampling = run.config.rollout.validation_sampling
     scored = [run.reward.score(ref) for _, ref in run.router.generate_refs(run.val_requests, sampling)]
-    accuracy = ray.get(run.builder.validation_accuracy.remote(*scored))  # the groups are read there
+    bound_s = scoring_bound_s(run.config, len(scored), sampling.num_samples_per_prompt)
+    accuracy = get_within(run.builder.validation_accuracy.remote(*scored), bound_s,  # the groups are read there
+                          "batch_builder.validation_accuracy")
     return {f"val/{source}/acc": value for source, value in accuracy.items()}
 
 

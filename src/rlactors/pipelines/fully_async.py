@@ -20,13 +20,13 @@ from __future__ import annotations
 import threading
 import time
 
-import ray
-
 from rlactors.buffer.records import capacity_groups
 from rlactors.config import Config
 from rlactors.pipelines.common import (
     Run,
+    ask_buffer,
     begin,
+    buffer_wait_ran_out,
     build_run,
     end_step,
     feed_prompts,
@@ -36,13 +36,6 @@ from rlactors.pipelines.common import (
     sync_weights,
     update,
 )
-
-
-def feed_prompts_under_lock(run: Run, num_prompts: int) -> None:
-    """`feed_prompts` as one step for a concurrent checkpoint: the cursor never stands past a
-    prompt the buffer does not hold yet (nor mid-way through an epoch rollover) while it snapshots."""
-    with run.dataset.lock:
-        feed_prompts(run, num_prompts)
 
 
 class Producer(threading.Thread):
@@ -77,13 +70,11 @@ class Producer(threading.Thread):
                     if produced >= self.quota:
                         self.published.wait(timeout=0.5)
                         continue
-                pending = ray.get(run.buffer.metrics.remote())["num_pending"]
+                pending = ask_buffer(run, "metrics")["num_pending"]
                 if pending < self.batch_size:
-                    feed_prompts_under_lock(run, self.batch_size - pending)
-                try:
-                    produced += produce(run, min(self.batch_size, self.quota - produced), "producer", timeout_s=0.5)
-                except TimeoutError:
-                    continue  # backpressure: the buffer is full; look at `stopping` and try again
+                    feed_prompts(run, self.batch_size - pending)  # cursor and buffer move together (its lock)
+                # 0 under backpressure (the buffer is full): look at `stopping` and try again
+                produced += produce(run, min(self.batch_size, self.quota - produced), "producer", timeout_s=0.5)
         except BaseException as error:  # noqa: BLE001 - surfaced by the trainer loop
             self.error = error
 
@@ -94,9 +85,10 @@ def next_batch(run: Run, producer: Producer):
         if producer.error is not None:
             raise RuntimeError("the rollout producer failed") from producer.error
         try:
-            return ray.get(run.buffer.sample.remote(run.config.pipeline.batch_size_prompts, run.policy_version, 1.0))
-        except TimeoutError:
-            continue
+            return ask_buffer(run, "sample", run.config.pipeline.batch_size_prompts, run.policy_version, 1.0, wait_s=1.0)
+        except TimeoutError as error:
+            if not buffer_wait_ran_out(error):
+                raise
 
 
 def run_fully_async(config: Config, model_path: str | None = None) -> list[dict]:
@@ -114,7 +106,7 @@ def run_fully_async(config: Config, model_path: str | None = None) -> list[dict]
             waited = time.perf_counter()
             batch, metrics = prepare_batch(run, sampled)
             metrics |= update(run, batch)
-            ray.get(run.buffer.ack.remote(sampled.batch_id))
+            ask_buffer(run, "ack", sampled.batch_id)
             updated = time.perf_counter()
             if (run.step + 1) % config.pipeline.trigger_parameter_sync_step == 0:
                 metrics |= sync_weights(run)

@@ -374,7 +374,7 @@ class TrainerWorker:
         if self.rank == 0:
             checkpoint.commit(root, step)
         dist.barrier()
-        return str(Path(root) / checkpoint.checkpoint_name(step))
+        return str(checkpoint.latest_checkpoint(root))  # `step_N`, or `step_N.<revision>` for a re-saved step
 
     @resident
     def load_checkpoint(self, path: str) -> int:
