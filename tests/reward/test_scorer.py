@@ -280,3 +280,24 @@ def test_grandchildren_die_with_a_killed_scorer_and_with_the_pool(ray_session, t
     finally:
         if pool.actors:
             pool.shutdown()
+
+
+def test_a_pool_that_fails_to_start_leaves_no_scorer_behind(ray_session, monkeypatch):
+    from ray._private.state import actors
+
+    from rlactors.reward import scorer
+
+    def alive_scorers() -> set[str]:
+        return {a["ActorID"] for a in actors().values()
+                if a["ActorClassName"].endswith("RewardScorer") and a["State"] != "DEAD"}
+
+    before = alive_scorers()
+    monkeypatch.setattr(scorer, "STARTUP_TIMEOUT_S", 0.01)  # the scorers are still starting when it runs out
+    # The error is kept, as a notebook keeps its last traceback: its frames hold the half-built pool,
+    # so Ray's reference counting cannot be what stops the scorers.
+    with pytest.raises(TimeoutError, match="reward scorer startup") as failure:
+        RewardPool(RewardConfig(num_workers=2))
+    deadline = time.monotonic() + 30
+    while alive_scorers() - before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive_scorers() - before, failure.value

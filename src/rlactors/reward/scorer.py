@@ -250,9 +250,14 @@ class RewardPool:
         self.in_flight: list[list[tuple[ray.ObjectRef, int]]] = [[] for _ in self.actors]
         self.failures = FailureStreak(config.max_failed_steps)
         # Startup errors surface here. The worker pids are the first workers' (a timeout restarts one).
-        self.worker_groups: list[tuple[str, int]] = get_within(
-            [actor.worker_group.remote() for actor in self.actors], STARTUP_TIMEOUT_S, "reward scorer startup"
-        )
+        try:
+            self.worker_groups: list[tuple[str, int]] = get_within(
+                [actor.worker_group.remote() for actor in self.actors], STARTUP_TIMEOUT_S, "reward scorer startup"
+            )
+        except BaseException:
+            for actor in self.actors:  # nobody else holds them yet: a failed pool leaves no scorer behind
+                ray.kill(actor)
+            raise
 
     def score(self, group: Group | ray.ObjectRef) -> ray.ObjectRef:
         """Ref to the scored copy of `group` (a Group or a ref to one)."""
