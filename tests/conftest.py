@@ -35,3 +35,13 @@ def ray_session():
     """A local Ray instance shared by the whole session (tests that need another cluster, e.g. a
     simulated multi-node one, shut it down and call `start_local_ray()` again when done)."""
     yield start_local_ray()
+
+
+class RunsCode:
+    """Unpickling this calls `open(marker, "w")`: what a crafted checkpoint file could do."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import ray
 import torch
+from conftest import RunsCode
 
 from rlactors.buffer import ReplayBuffer
 from rlactors.config import AlgorithmConfig, TrainerConfig, load_config
@@ -128,19 +129,9 @@ def test_driver_rng_states_round_trip_in_plain_values(tmp_path):
     assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])
 
 
-class _RunsCode:
-    """Unpickling this calls `open(marker, "w")`: what a crafted checkpoint file could do."""
-
-    def __init__(self, marker):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return open, (self.marker, "w")
-
-
 def test_a_driver_rng_file_that_would_run_code_is_refused(tmp_path):
     marker = tmp_path / "ran"
-    torch.save({"python": _RunsCode(marker)}, tmp_path / checkpointing.RNG_FILE)
+    torch.save({"python": RunsCode(marker)}, tmp_path / checkpointing.RNG_FILE)
     with pytest.raises(ValueError, match="driver_rng.pt: refused to load"):
         checkpointing.load_run(SimpleNamespace(), tmp_path)  # refused before any actor is touched
     assert not marker.exists()
@@ -155,7 +146,7 @@ def test_a_trainer_rank_file_that_would_run_code_is_refused(ray_session, tiny_mo
     try:
         path = group.save_checkpoint(tmp_path / "checkpoints", step=1)
         assert group.load_checkpoint(path) == 1  # what the worker writes loads under weights_only
-        torch.save({"step": 1, "rng": _RunsCode(marker)}, f"{path}/rank_0.pt")
+        torch.save({"step": 1, "rng": RunsCode(marker)}, f"{path}/rank_0.pt")
         with pytest.raises(Exception, match="rank_0.pt: refused to load"):
             group.load_checkpoint(path)
     finally:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import RunsCode
 
 from rlactors.trainer import checkpoint
 from rlactors.trainer.fsdp import lr_multiplier
@@ -129,19 +130,9 @@ def test_prune_keeps_the_newest_and_never_the_latest(tmp_path):
         checkpoint.prune(tmp_path, keep=0)
 
 
-class _RunsCode:
-    """Unpickling this calls `open(marker, "w")`: what a crafted checkpoint file could do."""
-
-    def __init__(self, marker):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return open, (self.marker, "w")
-
-
 def test_a_checkpoint_file_that_would_run_code_is_refused(tmp_path):
     marker = tmp_path / "ran"
-    torch.save({"step": 1, "rng": {"python": _RunsCode(marker)}}, tmp_path / "rank_0.pt")
+    torch.save({"step": 1, "rng": {"python": RunsCode(marker)}}, tmp_path / "rank_0.pt")
     with pytest.raises(ValueError, match=r"rank_0\.pt: refused to load"):
         checkpoint.load_plain(tmp_path / "rank_0.pt")
     assert not marker.exists()
