@@ -549,3 +549,31 @@ def test_actor_state_round_trips_through_files_mid_run(ray_buffer_module, tmp_pa
     while (batch := ray.get(resumed.sample.remote(2, 1))).group_ids:
         ray.get(resumed.ack.remote(batch.batch_id))
     assert [e["status"] for e in ray.get(resumed.ledger.remote())] == ["trained"] * 6
+
+
+def test_a_checkpoint_of_another_run_resumes_into_a_copy_of_its_ledger_log(ray_buffer_module, tmp_path):
+    """`pipeline.resume=<other run's checkpoint>`: the new run's buffer copies the other run's log up to
+    the cut into its own output dir, and the other run's log is left as it was."""
+    ray, ReplayBuffer, _ = ray_buffer_module
+    config = BufferConfig()
+    first = tmp_path / "first"
+    buffer = ReplayBuffer.remote(config, batch_size_prompts=2, ledger_dir=str(first / "ledger"))
+    ray.get(buffer.add_prompts.remote(prompts(4)))
+    ray.get(buffer.put.remote([make_group(r, 0) for r in ray.get(buffer.reserve.remote(2, "a"))]))
+    ray.get(buffer.ack.remote(ray.get(buffer.sample.remote(2, 0)).batch_id))
+    checkpoint = first / "checkpoints" / "step_00000001" / "buffer"
+    ray.get(buffer.save.remote(str(checkpoint)))
+    before = ray.get(buffer.ledger.remote())
+    first_log = sorted(p.name for p in (first / "ledger").rglob("*.parquet"))
+    ray.kill(buffer)
+
+    second = tmp_path / "second"
+    resumed = ReplayBuffer.remote(config, batch_size_prompts=2, ledger_dir=str(second / "ledger"))
+    ray.get(resumed.load.remote(str(checkpoint)))
+    assert ray.get(resumed.ledger.remote()) == before and [e["status"] for e in before][:2] == ["trained"] * 2
+    ray.get(resumed.put.remote([make_group(r, 0) for r in ray.get(resumed.reserve.remote(2, "b"))]))
+    ray.get(resumed.ack.remote(ray.get(resumed.sample.remote(2, 0)).batch_id))
+    ray.get(resumed.save.remote(str(second / "checkpoints" / "step_00000002" / "buffer")))
+    assert [e["status"] for e in ray.get(resumed.ledger.remote())] == ["trained"] * 4
+    assert sorted(p.name for p in (first / "ledger").rglob("*.parquet")) == first_log  # untouched
+    ray.kill(resumed)

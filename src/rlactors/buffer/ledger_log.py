@@ -26,6 +26,7 @@ such a buffer can only be loaded back into a buffer sharing the same `LedgerLog`
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -159,6 +160,26 @@ class LedgerLog:
                 self._delete_from(cut["num_segments"])
         self.num_segments, self.last_segment = cut["num_segments"], cut["last_segment"]
         self.pending = {"ledger": [], "events": []}
+
+    def adopt(self, source_root: str | Path, cut: dict) -> None:
+        """Before restoring `cut` of a checkpoint whose run kept its log under `source_root` (another
+        run's output dir): copy that log's segments up to the cut into this log's folder, so the
+        resumed run appends to its own copy and the other run's log stays as it was."""
+        if self.root is None or Path(source_root).resolve() == self.root.resolve():
+            return
+        source, target = Path(source_root) / cut["log_id"], self.root / cut["log_id"]
+        if not source.is_dir():
+            return  # no log there: `restore` names what is missing
+        segments = _segments(source)
+        _check_cut(segments, cut, str(source))
+        target.mkdir(parents=True, exist_ok=True)
+        for index in range(cut["num_segments"]):
+            for kind in ("ledger", "events"):  # events last: its file marks the segment whole
+                name = f"{segments[index]}.{kind}.parquet"
+                shutil.copyfile(source / name, target / (name + ".writing"))
+                _fsync(target / (name + ".writing"))
+                os.replace(target / (name + ".writing"), target / name)
+        _fsync(target)
 
     # -- reading ------------------------------------------------------------------------------
 

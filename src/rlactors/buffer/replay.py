@@ -56,11 +56,12 @@ import logging
 import os
 import time
 from collections import Counter
+from pathlib import Path
 
 import ray
 
 from rlactors.buffer.core import BufferCore
-from rlactors.buffer.ledger_log import LedgerLog
+from rlactors.buffer.ledger_log import LEDGER_FOLDER, LedgerLog
 from rlactors.buffer.records import SampledBatchRef, capacity_groups, describe_batch
 from rlactors.buffer.storage import load_buffer_state, save_buffer_state
 from rlactors.config import BufferConfig
@@ -174,7 +175,11 @@ class ReplayBuffer:
         save_buffer_state(self.core.state_dict(), path)
 
     async def load(self, path: str) -> None:
-        await self.load_state_dict(load_buffer_state(path))
+        """Restore the checkpoint files at `path` (`<output_dir>/checkpoints/<step>/buffer`); a
+        checkpoint of another run brings its ledger log up to the cut into this run's."""
+        state = load_buffer_state(path)
+        self.core.log.adopt(Path(path).absolute().parents[2] / LEDGER_FOLDER, state["log"])
+        await self.load_state_dict(state)
 
     async def _wait_for(self, name: str, timeout_s: float | None, attempt):
         """Run `attempt` (a core call returning None for "not now") until it returns a value."""
