@@ -92,7 +92,6 @@ class BufferCore:
         self.unacked: dict[int, SampledBatch] = {}
         self.nacked_batch_ids: set[int] = set()
         self.num_unacked_groups = 0
-        self.num_unfinished = 0
         self.epochs = EpochBook()  # per-epoch memory of rows that left `entries` (rlactors.buffer.epochs)
         self.drops_since_batch: Counter[str] = Counter()  # by DROP_KINDS, reported with the next batch
         self.last_rollout_error = ""
@@ -100,6 +99,11 @@ class BufferCore:
         self.trained_staleness: Counter[int] = Counter()
 
     # -- producer side ------------------------------------------------------------------------
+
+    @property
+    def num_unfinished(self) -> int:
+        """Prompts added and not yet trained or dropped: finished entries leave memory (`_finish`)."""
+        return len(self.entries)
 
     def add_prompts(self, requests: list[PromptRequest], epoch: int = 0) -> int:
         if self.closed:
@@ -120,7 +124,6 @@ class BufferCore:
             self.entries[key] = LedgerEntry(epoch, request.prompt_id)
             self.requests[key] = request
             self.fresh.append(key)
-        self.num_unfinished += len(requests)
         self.counters["num_prompts_added"] += len(requests)
         return len(requests)
 
@@ -172,8 +175,8 @@ class BufferCore:
         """Accept generated groups. All are checked before any is applied, so a bad one changes
         nothing. A group of an attempt no longer open (already put, e.g. by a retried call, or
         whose reservation was cancelled) is ignored, counted and logged: its prompt is elsewhere.
-        A group with a failed sample (or only failed ones: a prompt the engine refused, no live
-        engine) is recorded dropped with the errors as its reason."""
+        A group with a failed sample (or only failed ones: a prompt the engine refused) is recorded
+        dropped with the errors as its reason."""
         fresh: dict[str, tuple[Group, int]] = {}  # group_id -> (group, its oldest policy version)
         for index, group in enumerate(groups):
             if group.group_id in fresh or self._is_superseded(group.group_id):
@@ -362,7 +365,6 @@ class BufferCore:
         """The entry is trained or dropped: it leaves memory for the ledger log."""
         entry = self.entries.pop(key)
         self.requests.pop(key, None)
-        self.num_unfinished -= 1
         self.log.add_entry(dataclasses.asdict(entry))
         self.epochs.finished(entry)
 

@@ -26,7 +26,7 @@ trainer must ack a batch before the next can be generated (synchronous); 1.0 let
 generate the next batch while the trainer trains (one version off-policy).
 Exactly once: per (epoch, prompt_id) the ledger ends "trained" (recorded at ack, never at sample)
 or "dropped" with a reason ("zero_variance", "stale (...)", "rollout_error: ..."). A group whose
-samples failed in rollout, even all of them (a prompt the engine refused, no live engine), is
+samples failed in rollout, even all of them (a prompt the engine refused), is
 recorded dropped and the run goes on; each `SampledBatchRef` carries the drops by kind since the
 previous batch (`num_dropped`), which the driver logs as metrics. Rollout errors alone for
 `max_generation_rounds` rounds of a batch stop the run (`RolloutErrorsExhausted`).

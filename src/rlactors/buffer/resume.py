@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter, deque
 
-from rlactors.buffer.records import TERMINAL, LedgerEntry, QueuedGroup
+from rlactors.buffer.records import LedgerEntry, QueuedGroup
 
 
 def core_state(core) -> dict:
@@ -82,7 +82,6 @@ def load_core_state(core, state: dict) -> None:
             core.queue.appendleft(QueuedGroup(epoch, group, group.oldest_policy_version))
         core.nacked_batch_ids.add(batch["batch_id"])
     core.num_unacked_groups = 0
-    core.num_unfinished = sum(e.status not in TERMINAL for e in core.entries.values())
     core.drops_since_batch = Counter(state["drops_since_batch"])
     core.last_rollout_error = state["last_rollout_error"]
     core.counters = Counter(state["counters"])

@@ -110,7 +110,8 @@ def data_files(config: Config, output_dir: Path) -> tuple[list[str], list[str]]:
 
 
 def requests_for(rows, tokenizer, config: Config) -> list[PromptRequest]:
-    """Tokenize rows; a prompt too long or empty is an error naming its prompt_id, before any actor starts."""
+    """Tokenize rows; a prompt too long or empty is an error naming its prompt_id (`rlactors.preflight`
+    checks every prompt this way before any actor starts)."""
     return [to_request(row, tokenizer, config.data.chat_template, config.data.max_prompt_tokens) for row in rows]
 
 

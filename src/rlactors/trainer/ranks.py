@@ -10,8 +10,8 @@ and raises one `TrainerRankError` naming the rank, the call and the error.
     values = wait_for_ranks("actor", workers, [w.update_policy.remote(...) for w in workers],
                             "update_policy", timeout_s=trainer.call_timeout_s)
 
-A call that makes no progress for `timeout_s` (a rank hung outside any collective) is stopped the
-same way, with a TimeoutError naming the call and the ranks not done.
+A call not done within `timeout_s` of its start (a rank hung outside any collective) is stopped
+the same way, with a TimeoutError naming the call and the ranks not done.
 
 One failure keeps the group: every rank raised the same error (a check before any collective, such
 as a call on the wrong role). Then no rank is stuck, and since a collective completes only when all
