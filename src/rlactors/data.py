@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from rlactors.buffer.storage import json_text
+from rlactors.types import json_text
 
 COLUMNS = ("data_source", "prompt", "ability", "reward_model", "extra_info")
 

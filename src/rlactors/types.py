@@ -7,12 +7,37 @@ Plain dataclasses: cheap to pickle, no torch needed to read them.
 
 from __future__ import annotations
 
+import json
+import math
 import operator
 import pickle
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+def json_text(value, where: str, allow_nan: bool = True) -> str:
+    """JSON for a free-form dict, refusing values JSON would not give back identically (and, with
+    `allow_nan=False`, NaN and infinities, which strict JSON and most readers refuse); the error
+    names `where` and the key path."""
+
+    def check(item, path: str) -> None:
+        if isinstance(item, float) and not allow_nan and not math.isfinite(item):
+            raise ValueError(f"{where}{path}: {item!r} is not a finite number; store null for a missing value")
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    raise ValueError(f"{where}{path}: key {key!r} is not a string; it would not round-trip")
+                check(child, f"{path}.{key}")
+        elif isinstance(item, list):
+            for i, child in enumerate(item):
+                check(child, f"{path}[{i}]")
+        elif item is not None and type(item) not in (bool, int, float, str):
+            raise ValueError(f"{where}{path}: {type(item).__name__} value {item!r} cannot be saved exactly")
+
+    check(value, "")
+    return json.dumps(value)
 
 
 @dataclass

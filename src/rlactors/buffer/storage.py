@@ -6,7 +6,6 @@ the buffer actor (`ReplayBuffer.save`/`load`)."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rlactors.types import Group, PromptRequest, Sample
+from rlactors.types import Group, PromptRequest, Sample, json_text
 
 _INTS = pa.list_(pa.int64())
 _REQUEST_FIELDS = [
@@ -40,29 +39,6 @@ EVENTS_SCHEMA = pa.schema([
     ("policy_version", pa.int64()), ("staleness", pa.int64()), ("reason", pa.string()),
 ])
 _META_KEY = b"rlactors.buffer"
-
-
-def json_text(value, where: str, allow_nan: bool = True) -> str:
-    """JSON for a free-form dict, refusing values JSON would not give back identically (and, with
-    `allow_nan=False`, NaN and infinities, which strict JSON and most readers refuse); the error
-    names `where` and the key path."""
-
-    def check(item, path: str) -> None:
-        if isinstance(item, float) and not allow_nan and not math.isfinite(item):
-            raise ValueError(f"{where}{path}: {item!r} is not a finite number; store null for a missing value")
-        if isinstance(item, dict):
-            for key, child in item.items():
-                if not isinstance(key, str):
-                    raise ValueError(f"{where}{path}: key {key!r} is not a string; it would not round-trip")
-                check(child, f"{path}.{key}")
-        elif isinstance(item, list):
-            for i, child in enumerate(item):
-                check(child, f"{path}[{i}]")
-        elif item is not None and type(item) not in (bool, int, float, str):
-            raise ValueError(f"{where}{path}: {type(item).__name__} value {item!r} cannot be saved exactly")
-
-    check(value, "")
-    return json.dumps(value)
 
 
 def _request_row(request: PromptRequest, where: str) -> dict:
