@@ -16,7 +16,6 @@ share the request's objects, and a function that changes them must not change ot
 from __future__ import annotations
 
 import copy
-import ctypes
 import json
 import os
 import signal
@@ -27,11 +26,11 @@ import time
 from functools import partial
 from multiprocessing.connection import Connection, Pipe
 
+from rlactors.parent_death import request_parent_death_signal
 from rlactors.reward.scoring import check_score, default_compute_score, load_user_function
 
 WORKER_STARTUP_TIMEOUT_S = 120.0  # importing sympy and the user's module; generous on a busy machine
 MAX_ERROR_CHARS = 2000
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
 def _kill_own_group() -> None:
@@ -55,11 +54,7 @@ def _die_with_parent(parent_pid: int) -> None:
             _kill_own_group()
 
     signal.signal(signal.SIGTERM, on_parent_death)
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the watching thread alone
-        pass
+    request_parent_death_signal(signal.SIGTERM)  # where it cannot be had, the watching thread alone
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         _kill_own_group()
 

@@ -34,11 +34,11 @@ import json
 import logging
 import os
 import signal
-import sys
+
+from rlactors.parent_death import request_parent_death_signal
 
 PARENT_PID_ENV = "RLACTORS_ENGINE_PARENT_PID"  # pid of the process that starts this one
 ERROR_FILE_ENV = "RLACTORS_ENGINE_ERROR_FILE"  # where vLLM's processes record their errors
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 MAX_ERROR_CHARS = 4000  # per record: a root cause, not a log
 MAX_CHAINED_ERRORS = 5
 
@@ -60,17 +60,9 @@ def in_vllm_process() -> None:
 def die_with_parent(parent_pid: int) -> None:
     """Have the kernel SIGKILL this process when its parent dies; if the parent is already gone
     (this process was re-parented before the call), die now."""
-    if not sys.platform.startswith("linux"):
-        logging.getLogger(__name__).warning("no parent-death signal on %s: vLLM's processes may outlive "
-                                            "their engine actor", sys.platform)
-        return
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        error = ctypes.get_errno()
-        logging.getLogger(__name__).warning("prctl(PR_SET_PDEATHSIG) failed (%s): this vLLM process may "
-                                            "outlive its engine actor", os.strerror(error))
+    why_not = request_parent_death_signal(signal.SIGKILL)
+    if why_not is not None:
+        logging.getLogger(__name__).warning("%s: this vLLM process may outlive its engine actor", why_not)
         return
     if os.getppid() != parent_pid:
         os.kill(os.getpid(), signal.SIGKILL)
