@@ -35,18 +35,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rlactors.buffer.storage import EVENTS_SCHEMA, LEDGER_SCHEMA, load_buffer_scalars, to_table
+from rlactors.durable import fsync_path
 
 LEDGER_FOLDER = "ledger"  # under the run's output dir
 DEFAULT_FLUSH_ROWS = 10_000
 _KINDS = {"ledger": LEDGER_SCHEMA, "events": EVENTS_SCHEMA}
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _segment_index(name: str) -> int:
@@ -129,9 +122,9 @@ class LedgerLog:
             final = folder / f"{name}.{kind}.parquet"
             scratch = final.with_name(final.name + ".writing")
             pq.write_table(to_table(self.pending[kind], _KINDS[kind], f"ledger log {kind}"), scratch)
-            _fsync(scratch)
+            fsync_path(scratch)
             os.replace(scratch, final)
-        _fsync(folder)
+        fsync_path(folder)
 
     def _delete_from(self, index: int) -> None:
         for path in self.folder.glob("*.parquet*") if self.folder.is_dir() else ():
@@ -177,9 +170,9 @@ class LedgerLog:
             for kind in ("ledger", "events"):  # events last: its file marks the segment whole
                 name = f"{segments[index]}.{kind}.parquet"
                 shutil.copyfile(source / name, target / (name + ".writing"))
-                _fsync(target / (name + ".writing"))
+                fsync_path(target / (name + ".writing"))
                 os.replace(target / (name + ".writing"), target / name)
-        _fsync(target)
+        fsync_path(target)
 
     # -- reading ------------------------------------------------------------------------------
 

@@ -23,13 +23,14 @@ filesystem path (one machine, or a shared filesystem).
 
 from __future__ import annotations
 
-import os
 import pickle
 import re
 import shutil
 from pathlib import Path
 
 import torch
+
+from rlactors.durable import fsync_path, fsync_tree, write_durably
 
 LATEST = "latest"
 TEMP_SUFFIX = ".tmp"
@@ -54,39 +55,6 @@ def prepare_temp_dir(root: str | Path, step: int) -> Path:
         shutil.rmtree(path)
     path.mkdir(parents=True)
     return path
-
-
-# --------------------------------------------------------------------------------------------
-# Durability: a rename is only as durable as the data it moves and the directory holding it.
-
-
-def fsync_path(path: str | Path) -> None:
-    """Flush one file's or directory's contents (a directory's: its entries) to the disk."""
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
-def fsync_tree(path: str | Path) -> None:
-    """fsync every file and directory under `path`, children before their directory."""
-    for directory, _, files in os.walk(path, topdown=False):
-        for name in files:
-            fsync_path(os.path.join(directory, name))
-        fsync_path(directory)
-
-
-def write_durably(path: str | Path, data: bytes) -> None:
-    """Replace `path` with `data` atomically and durably: temp file, fsync, rename, fsync the directory."""
-    path = Path(path)
-    temp = path.with_name(path.name + TEMP_SUFFIX)
-    with open(temp, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temp, path)
-    fsync_path(path.parent)
 
 
 # --------------------------------------------------------------------------------------------
