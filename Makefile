@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rlactors-installed
 FORBIDDEN := torchvision torchaudio torchcodec
 
-.PHONY: demo test lint lock clean-venv
+.PHONY: demo test test-ci-only lint lock clean-venv
 
 $(STAMP): requirements/cpu.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,7 +19,11 @@ demo: $(STAMP)
 	$(PY) -m rlactors demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not ci_only"
+
+# The few slowest fault scenarios, each backed by a faster test in `make test`; CI runs both.
+test-ci-only: $(STAMP)
+	$(PY) -m pytest -q -m ci_only
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks examples

@@ -124,6 +124,7 @@ def test_engine_sigkilled_mid_step_in_async_mode_with_partial_rollouts(ray_sessi
     assert_no_leftovers(before)
 
 
+@pytest.mark.ci_only  # two vLLM starts; the no-live-engine error itself: tests/rollout/test_router.py
 def test_the_only_engine_killed_twice_stops_the_run_naming_it(ray_session, tmp_path, tiny_model_dir, monkeypatch):
     """Killed once after it started (Ray restarts it; the first generation waits for it, or meets
     the restarted actor), then at the first weight sync (no restart left): the next generation
@@ -159,6 +160,7 @@ def test_the_only_engine_killed_twice_stops_the_run_naming_it(ray_session, tmp_p
     assert_no_leftovers(before)
 
 
+@pytest.mark.ci_only  # a second cluster and two engines; a dead replica's prompts re-sent: test_router.py
 def test_a_node_removed_under_its_engine(ray_session, tiny_model_dir):
     import ray
     from conftest import start_local_ray
@@ -185,14 +187,13 @@ def test_a_node_removed_under_its_engine(ray_session, tiny_model_dir):
         tokenizer = load_tokenizer(tiny_model_dir)
         requests = [PromptRequest(f"n{i}", tokenizer.encode(f"node {i}:")) for i in range(12)]
         sampling = SamplingConfig(num_samples_per_prompt=2, max_response_tokens=150, ignore_eos=True)
-        stream = router.generate(requests, sampling)
-        first = next(stream)
+        stream = router.generate(requests, sampling)  # sent to both engines from here on
         deadline = time.monotonic() + 120
         while ray.get(router.engines[1].health.remote(), timeout=60)["num_in_flight_samples"] == 0:
             assert time.monotonic() < deadline, "the doomed node's engine never generated"
             time.sleep(0.02)
         cluster.remove_node(doomed)
-        groups = [first, *stream]
+        groups = list(stream)
 
         assert sorted(g.prompt_id for g in groups) == sorted(r.prompt_id for r in requests)
         assert all(s.error is None and s.num_response_tokens == 150 for g in groups for s in g.samples)

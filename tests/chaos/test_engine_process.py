@@ -84,6 +84,7 @@ MISSING_TENSOR_ERROR = "Following weights were not initialized from checkpoint: 
 # ------------------------------------------------------------------ start-up failures (the suite's Ray)
 
 
+@pytest.mark.ci_only  # the same failure, end to end through build_run, is in make test
 def test_a_start_failure_in_vllms_worker_carries_vllms_own_message(ray_session, tmp_path, tiny_model_dir):
     from rlactors.rollout.engine import create_engine
 
@@ -213,6 +214,7 @@ def test_vllm_processes_die_with_a_sigkilled_engine_actor(ray_without_group_clea
         kill_all(children)  # only if the test failed
 
 
+@pytest.mark.ci_only  # a run through a dead engine core is in make test
 def test_a_dead_engine_core_fails_every_call_promptly(ray_without_group_cleanup, tiny_model_dir):
     """SIGKILL only the engine core while a generate runs and a sleep waits on it (it waits for
     in-flight requests): both fail with EngineDeadError instead of hanging, so does every later
