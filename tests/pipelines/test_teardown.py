@@ -21,11 +21,16 @@ class Stoppable:
         return "stopped"
 
 
-def _dead(actor) -> bool:
-    try:
-        ray.get(actor.__ray_ready__.remote(), timeout=30)
-    except ray.exceptions.RayActorError:
-        return True
+def _dead(actor, timeout_s: float = 30.0) -> bool:
+    """Whether the actor is gone within `timeout_s`: `ray.kill` is asynchronous, and an idle actor
+    may still answer a call sent just after it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=timeout_s)
+        except ray.exceptions.RayActorError:
+            return True
+        time.sleep(0.1)
     return False
 
 
