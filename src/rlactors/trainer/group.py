@@ -42,7 +42,7 @@ from rlactors.trainer.batch import (
     plan_mini_batches,
     rows_in_batch_order,
 )
-from rlactors.trainer.ranks import TrainerRankError, kill_ranks, wait_for_ranks
+from rlactors.trainer.ranks import TrainerRankError, describe_error, kill_ranks, wait_for_ranks
 from rlactors.trainer.worker import TrainerWorker
 from rlactors.transport import results_in_object_store
 from rlactors.waits import get_within
@@ -228,7 +228,7 @@ class TrainerGroup:
                 try:
                     ray.get(ref)
                 except ray.exceptions.RayError as error:
-                    problems.append(f"rank {refs.index(ref)}: {type(error).__name__}: {str(error).splitlines()[0]}")
+                    problems.append(f"rank {refs.index(ref)}: {describe_error(error)}")
         finally:
             kill_ranks(workers)
         if problems:
