@@ -21,13 +21,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import tempfile
 from collections.abc import Awaitable, Callable
 
 from rlactors.config import RolloutConfig
 from rlactors.device import engine_env, keep_front_end_off_model_cores
 from rlactors.rollout.vllm_args import engine_kwargs
 from rlactors.rollout.vllm_plugin import ERROR_FILE_ENV, PARENT_PID_ENV, read_errors
+from rlactors.session import session_dir
 
 DEATH_POLL_S = 0.25  # how often a wait on the engine core checks that it still lives; vLLM notices within ~1 s
 
@@ -42,24 +42,13 @@ def prepare_environment(platform: str, config: RolloutConfig) -> str:
         # and, unless OMP_NUM_THREADS is set, drops torch's intra-op threads to 1 for serving;
         # with it set, torch's spinning threads fight the bound ones (~15% slower here).
         os.environ.pop("OMP_NUM_THREADS", None)
-    folder = os.path.join(_session_dir(), "rlactors-engine-errors")
+    folder = os.path.join(session_dir(), "rlactors-engine-errors")
     os.makedirs(folder, exist_ok=True)
     error_file = os.path.join(folder, f"{os.getpid()}.jsonl")
     open(error_file, "w").close()  # a pid can be reused: never read an older process's errors
     os.environ[PARENT_PID_ENV] = str(os.getpid())  # turns on rlactors.rollout.vllm_plugin in vLLM's processes
     os.environ[ERROR_FILE_ENV] = error_file
     return error_file
-
-
-def _session_dir() -> str:
-    """This node's folder of the Ray session (beside its logs, gone with them), or the temp dir
-    outside Ray."""
-    import ray
-
-    if not ray.is_initialized():
-        return tempfile.gettempdir()
-    context = ray.get_runtime_context()
-    return os.path.join(context.get_temp_dir(), context.get_session_name())
 
 
 def start_vllm(model_path: str, config: RolloutConfig, platform: str, dtype: str, seed: int, error_file: str):
