@@ -248,12 +248,18 @@ def test_step_where_every_sample_failed_stops_after_max_failed_steps(user_pool):
         user_pool.check_step(2, 2, failed)
 
 
-def wait_until_gone(pids: list[int], timeout_s: float = 60.0) -> list[int]:
-    """The pids still alive after `timeout_s` (a hang guard; normally they go within a second)."""
+def wait_until_gone(pids: list[int], timeout_s: float = 60.0) -> list[str]:
+    """What is still alive after `timeout_s` (a hang guard; normally they go within a second): each
+    survivor as pid, state, parent, process group and command line, to tell which one is left."""
     deadline = time.monotonic() + timeout_s
     while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
-    return [pid for pid in pids if alive(pid)]
+    survivors = []
+    for pid in (pid for pid in pids if alive(pid)):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+        survivors.append(f"pid {pid} state {fields[0]} ppid {fields[1]} pgid {fields[2]}: {command}")
+    return survivors
 
 
 @pytest.mark.timeout(300)
@@ -275,6 +281,13 @@ def test_grandchildren_die_with_a_killed_scorer_and_with_the_pool(ray_session, t
         assert wait_until_gone([worker, grandchild]) == []
 
         worker, grandchild = spawn()  # the restarted scorer
+        # A worker killed from outside cannot kill its group: the actor's next incarnation does.
+        actor_pid = int(Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        os.kill(worker, signal.SIGKILL)
+        os.kill(actor_pid, signal.SIGKILL)
+        assert wait_until_gone([worker, grandchild]) == []
+
+        worker, grandchild = spawn()  # the scorer's third incarnation
         pool.shutdown()
         assert wait_until_gone([worker, grandchild]) == []
     finally:

@@ -38,7 +38,15 @@ import ray
 from rlactors.config import RewardConfig
 from rlactors.reward.failures import FailureStreak
 from rlactors.reward.scoring import load_user_function, overlong_penalty
-from rlactors.reward.worker import kill_process_group, start_worker, stop_worker, worker_main
+from rlactors.reward.worker import (
+    kill_process_group,
+    note_worker,
+    start_worker,
+    stop_previous_worker,
+    stop_worker,
+    worker_main,
+    worker_record,
+)
 from rlactors.transport import results_in_object_store
 from rlactors.types import Group, Sample
 from rlactors.waits import get_within
@@ -91,7 +99,9 @@ class RewardScorer:
         )
         self.counts = dict.fromkeys(COUNTERS, 0)
         self.scoring_s = 0.0
-        self.process, self.connection = start_worker(custom_function, gsm8k_mode)
+        self._worker_record = worker_record()
+        stop_previous_worker(self._worker_record)  # after a restart: the old worker's group, if left
+        self._start_worker()
 
     def score(self, group: Group) -> Group:
         return self._score_groups([group])[0]
@@ -121,6 +131,10 @@ class RewardScorer:
 
     def close(self) -> None:
         stop_worker(self.process, self.connection)
+
+    def _start_worker(self) -> None:
+        self.process, self.connection = start_worker(self.custom_function, self.gsm8k_mode)
+        note_worker(self._worker_record, self.process.pid)
 
     # ----------------------------------------------------------------------------------------
 
@@ -167,7 +181,7 @@ class RewardScorer:
                         failure = f"RuntimeError: worker process died (exit code {exit_code})"
                 results.append((0.0, {}, failure))
                 stop_worker(self.process, self.connection)
-                self.process, self.connection = start_worker(self.custom_function, self.gsm8k_mode)
+                self._start_worker()
                 self.counts["num_worker_restarts"] += 1
                 break  # resend the tasks not yet answered to the fresh worker
         return results

@@ -7,7 +7,10 @@ it on purpose. Killing the group stops them all. It is killed:
 - by itself, when the actor dies (SIGKILL included): the kernel sends it SIGTERM
   (PR_SET_PDEATHSIG), and a thread watching its parent pid is the fallback where a signal handler
   cannot run (a long call in C holds the main thread); both kill the whole group;
-- by `RewardPool.shutdown`, for a worker on the driver's node whose actor did not close in time.
+- by `RewardPool.shutdown`, for a worker on the driver's node whose actor did not close in time;
+- by the next incarnation of its actor, after Ray restarts it on the same node: the actor notes its
+  worker's pid in the Ray session folder (`worker_record`), and a worker killed before it could
+  kill its group (SIGKILL from outside) would otherwise leave the user function's children.
 
 Each sample gets its own deep copy of `ground_truth` and `extra_info`: the samples of a group
 share the request's objects, and a function that changes them must not change other samples.
@@ -28,6 +31,7 @@ from multiprocessing.connection import Connection, Pipe
 
 from rlactors.parent_death import request_parent_death_signal
 from rlactors.reward.scoring import check_score, default_compute_score, load_user_function
+from rlactors.session import session_dir
 
 WORKER_STARTUP_TIMEOUT_S = 120.0  # importing sympy and the user's module; generous on a busy machine
 MAX_ERROR_CHARS = 2000
@@ -127,6 +131,36 @@ def stop_worker(process: subprocess.Popen, connection: Connection) -> None:
     connection.close()
     kill_process_group(process.pid)
     process.wait()
+
+
+def worker_record() -> str | None:
+    """The file where this scorer actor notes its worker's pid: one per actor id (which a restart
+    keeps) in the node's Ray session folder; None outside a Ray actor."""
+    import ray
+
+    actor_id = ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
+    if actor_id is None:
+        return None
+    return os.path.join(session_dir(), "rlactors-reward-workers", actor_id)
+
+
+def stop_previous_worker(record: str | None) -> None:
+    """Kill the process group of the worker an earlier incarnation of this actor noted."""
+    if record is None:
+        return
+    try:
+        with open(record) as handle:
+            pid = int(handle.read())
+    except (FileNotFoundError, ValueError):
+        return
+    kill_process_group(pid)
+
+
+def note_worker(record: str | None, pid: int) -> None:
+    if record is not None:
+        os.makedirs(os.path.dirname(record), exist_ok=True)
+        with open(record, "w") as handle:
+            handle.write(str(pid))
 
 
 def kill_process_group(pid: int) -> None:
