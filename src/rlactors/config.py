@@ -114,6 +114,19 @@ class RolloutConfig(_Section):
     partial_rollout: bool = Field(
         False, description="On a weight update, interrupt in-flight responses and continue them with new weights."
     )
+    weight_transport: Literal["auto", "nccl", "ipc", "shm", "object_store"] = Field(
+        "auto", description="How weights go from the trainer to the engines: nccl (separate GPU pools), ipc "
+        "(colocated GPUs), shm (shared memory, every engine on trainer rank 0's node), object_store (anywhere); "
+        "auto picks by the plan (rlactors.weight_sync.choice).",
+    )
+    weight_bucket_bytes: int = Field(
+        64 << 20, ge=1 << 16, description="Bytes of weights gathered and sent at a time (a bigger tensor travels "
+        "alone); the extra memory of a sync is about two of these on each side.",
+    )
+    verify_weight_sync: bool = Field(
+        False, description="After every weight sync, compare the sha256 of each tensor the engines received with "
+        "what the trainer sent (shm and object_store; costs a hash pass over the weights on both sides).",
+    )
     on_abort: Literal["resume", "requeue"] = Field(
         "resume", description="What happens to interrupted responses: continue from the partial response, or restart."
     )
@@ -221,9 +234,6 @@ class TrainerConfig(_Section):
         "'all': every core the rank's process may use; null: no pinning, num_cpus_per_worker threads."
     )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
-    export_bucket_bytes: int = Field(
-        64 << 20, ge=1 << 16, description="Size of each bucket of gathered weights sent to rollout engines."
-    )
     offload: bool = Field(
         False, description="Colocated mode: trainer ranks keep parameters and optimizer state in host memory while "
         "the engines generate, moving them onto the device for the logprob/value passes and the update and off "

@@ -66,3 +66,38 @@ def memory_figures() -> dict[str, int]:
                     "device_reserved_bytes": torch.cuda.memory_reserved(),
                     "device_free_bytes": free_bytes, "device_total_bytes": total_bytes}
     return figures
+
+
+def start_peak_memory() -> dict[str, int]:
+    """Begin measuring this process's peak memory: resets the kernel's RSS high-water mark (and
+    torch's device peak where a device context exists); returns the baseline for `peak_extra_bytes`."""
+    import torch
+
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")  # resets VmHWM to the current RSS (Linux)
+    except OSError:
+        pass
+    baseline = {"host": host_rss_bytes()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.reset_peak_memory_stats()
+        baseline["device"] = torch.cuda.memory_allocated()
+    return baseline
+
+
+def peak_extra_bytes(baseline: dict[str, int]) -> dict[str, int]:
+    """Peak memory above `baseline` since `start_peak_memory`: host (RSS high-water mark) and device."""
+    import torch
+
+    extra = {"host": max(_status_bytes("VmHWM") - baseline["host"], 0)}
+    if "device" in baseline:
+        extra["device"] = max(torch.cuda.max_memory_allocated() - baseline["device"], 0)
+    return extra
+
+
+def _status_bytes(field: str) -> int:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0

@@ -37,25 +37,26 @@ def reference_greedy(model, prompt_ids, num_tokens):
     return ids[len(prompt_ids):]
 
 
-def perturb_and_send(engine, model, policy_version, seed):
-    """Add noise to the transformers weights and send them to the engine as two object-ref buckets."""
-    import ray
-
-    from rlactors.rollout.weights import split_into_buckets
+def perturb_and_send(engine, model, policy_version, seed, transport="shm", verify=True):
+    """Add noise to the transformers weights and send them to the engine (a RolloutEngine, or a
+    router) over `transport`, in buckets of half the model, through vLLM's weight-transfer API."""
+    from rlactors.weight_sync.choice import WeightSyncSettings
+    from rlactors.weight_sync.sender import WeightSender
 
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
-    # What a trainer exports: a tied lm_head is the embedding and is not sent on its own.
+    # What a trainer sends: a tied lm_head is the embedding and is not sent on its own.
     tied = model.config.tie_word_embeddings
     state = [(n, t) for n, t in model.state_dict().items() if not (tied and n == "lm_head.weight")]
     total_bytes = sum(t.numel() * t.element_size() for _, t in state)
-    buckets = split_into_buckets(state, bucket_bytes=total_bytes // 2 + 1)
-    assert len(buckets) >= 2
-    refs = [ray.put(b) for b in buckets]
-    stats = engine.update_weights(refs, policy_version) if hasattr(engine, "engines") else ray.get(
-        engine.update_weights.remote(refs, policy_version))
+    bucket_bytes = total_bytes // 2 + 1
+    if hasattr(engine, "engines"):
+        return engine.update_weights(state, policy_version, transport, bucket_bytes, verify=verify), total_bytes
+    settings = WeightSyncSettings(transport, bucket_bytes, None, call_timeout_s=300.0, verify=verify)
+    stats = WeightSender(rank=0).send(lambda: iter(state), {0: (engine, 0)}, policy_version, settings)
+    assert stats["num_buckets"] >= 2 and not stats["failed"]
     return stats, total_bytes
 
 

@@ -297,7 +297,7 @@ def test_state_dict_round_trip(engine, reference):
                                                                         max_response_tokens=3, ignore_eos=True))
     assert groups[0].samples[0].token_policy_versions == [state["policy_version"] + 10] * 3
     with pytest.raises(Exception, match="older"):
-        ray.get(engine.update_weights.remote([], state["policy_version"]))
+        ray.get(engine.start_weight_update.remote(state["policy_version"]))
 
 
 def test_cpu_front_end_and_engine_core_stay_off_the_model_cores(engine):

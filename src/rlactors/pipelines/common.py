@@ -40,6 +40,7 @@ from rlactors.trainer.batch import TrainBatchRef
 from rlactors.trainer.group import TrainerGroup
 from rlactors.types import PromptRequest
 from rlactors.waits import get_within
+from rlactors.weight_sync.choice import WeightSyncSettings, choose_for_plan
 
 # Assembling a batch and its advantages is bookkeeping on data already in the object store: seconds
 # even at scale; past this the builder is stuck.
@@ -84,6 +85,7 @@ class Run:
     kl_controller: object = None
     placement: Placement | None = None  # the run's plan and placement groups
     builder: ray.actor.ActorHandle | None = None  # BatchBuilder: train batches and validation, off the driver
+    weight_sync: WeightSyncSettings | None = None  # how the actor's weights reach the engines
     step: int = 0
     policy_version: int = 0
 
@@ -150,9 +152,11 @@ def build_run(config: Config, model_path: str | None = None) -> Run:
             for group in trainers.values():
                 group.offload()
         # Engines restart after a crash (Ray re-runs the constructor, in the same bundles) and the
-        # router reloads the current weights into them before they get work again.
+        # trainer sends them the current weights before they get work again (set_weight_loader below).
+        transport = choose_for_plan(config.rollout.weight_transport, plan, config.rollout.num_engines,
+                                    config.pipeline.mode == "colocated")
         router = RolloutRouter.create(model_path, config.rollout, max_restarts=1, placement=placement,
-                                      dtype=config.model.dtype)
+                                      dtype=config.model.dtype, weight_backend=transport.vllm_backend)
         router.ready()
         reward = RewardPool(config.reward, max_response_tokens=sampling.max_response_tokens)
         buffer = ReplayBuffer.options(**placement.near("actor")).remote(
@@ -165,8 +169,14 @@ def build_run(config: Config, model_path: str | None = None) -> Run:
         raise
     kl_controller = (algorithms.AdaptiveKLController(algorithm.kl_coef, algorithm.kl_target, algorithm.kl_horizon)
                      if algorithm.kl_controller == "adaptive" else algorithms.FixedKLController(algorithm.kl_coef))
-    return Run(config, output_dir, tokenizer, dataset, val_requests, router, reward, buffer, trainers["actor"],
-               trainers.get("reference"), trainers.get("critic"), kl_controller, placement, builder)
+    weight_sync = WeightSyncSettings(transport.transport, config.rollout.weight_bucket_bytes, None,
+                                     config.rollout.call_timeout_s, config.rollout.tensor_parallel_size,
+                                     config.rollout.verify_weight_sync)
+    actor = trainers["actor"]
+    router.set_weight_loader(lambda targets, version: actor.send_weights_ref(targets, version, weight_sync))
+    print(f"weight transport: {transport.transport} ({transport.reason})")
+    return Run(config, output_dir, tokenizer, dataset, val_requests, router, reward, buffer, actor,
+               trainers.get("reference"), trainers.get("critic"), kl_controller, placement, builder, weight_sync)
 
 
 # --------------------------------------------------------------------------------------------
@@ -259,14 +269,16 @@ def update(run: Run, batch: TrainBatchRef) -> dict[str, float]:
 
 
 def publish_weights(run: Run) -> dict[str, float]:
-    """Send the actor's current weights to every engine, labelled `run.policy_version`."""
+    """Send the actor's current weights to every live engine, labelled `run.policy_version` (an
+    engine the sync fails on is restarted and gets them then, `weight_sync_done`)."""
     start = time.perf_counter()
-    refs, num_bytes = run.actor.export_weights()
-    run.router.update_weights(refs, run.policy_version)
-    del refs  # the buckets live in rank 0's object store until dropped
+    targets = run.router.weight_sync_targets(run.policy_version)
+    stats = run.actor.send_weights(targets, run.policy_version, run.weight_sync)
+    run.router.weight_sync_done(targets, stats)
     ask_buffer(run, "set_policy_version", run.policy_version)
     elapsed = time.perf_counter() - start
-    return {"timing_s/weight_sync": elapsed, "weight_sync/bytes_per_s": num_bytes / max(elapsed, 1e-9)}
+    return {"timing_s/weight_sync": elapsed, "weight_sync/bytes_per_s": stats["weight_bytes"] / max(elapsed, 1e-9),
+            "weight_sync/num_failed_engines": float(len(stats["failed"]))}
 
 
 def sync_weights(run: Run) -> dict[str, float]:

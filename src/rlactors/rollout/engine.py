@@ -29,19 +29,23 @@ computing log_softmax(logits / temperature) compares against; `token_policy_vers
 token, taken from the labels vLLM's engine core attaches to every step (`WeightVersionSpan`), so
 they are exact; `finish_reason` "stop" | "length" | "abort" | "error"; decoded `text`.
 
-Weight updates (`update_weights(buckets, policy_version)`, see `rlactors.rollout.weights` for the
-bucket format): generation is paused in vLLM, the tensors are loaded through the model's own
-`load_weights` in the engine process, the engine's version label is set to `policy_version`, the
-prefix cache is dropped, and generation resumes. With `partial_rollout` off the pause first lets
-in-flight requests finish (their tokens are all the old version). With it on they are aborted and
-continued under the new weights from prompt + partial response (`on_abort="resume"`, max_tokens
-reduced by what was produced; the response then carries two versions), or restarted from the
-prompt (`on_abort="requeue"`). Requests arriving during an update wait inside vLLM and run after.
+Weight updates go through vLLM's weight-transfer protocol, driven by a sender
+(`rlactors.weight_sync`): `init_weight_transfer_engine` once per sender, then per sync
+`start_weight_update(policy_version)` (generation pauses in vLLM), `update_weights` per bucket
+(loaded through the model's own `load_weights` inside vLLM's layerwise reload) and
+`finish_weight_update(policy_version)` (prefix cache dropped, version label set, generation
+resumes). The transport is the engine's `weight_backend` (`rlactors.weight_sync.choice`). With
+`partial_rollout` off the pause first lets in-flight requests finish (their tokens are all the old
+version). With it on they are aborted and continued under the new weights from prompt + partial
+response (`on_abort="resume"`, max_tokens reduced by what was produced; the response then carries
+two versions), or restarted from the prompt (`on_abort="requeue"`). Requests arriving during an
+update wait inside vLLM and run after. An update that never finishes (its sender died, a bucket
+failed) leaves `weights_mixed` set and refuses the next start: such an engine must restart.
 
 Sleep (colocated mode): `sleep()` pauses generation and, on CUDA/ROCm, frees the KV cache and
 offloads the weights to host memory (`rollout.sleep_level` 1) or discards them (level 2); on CPU
 vLLM cannot free memory, so it only pauses. `generate` while asleep raises. The wake order is
-weights, new weights, KV cache: `update_weights` while asleep wakes the weights only (vLLM tag
+weights, new weights, KV cache: a weight update while asleep wakes the weights only (vLLM tag
 "weights") and loads them, then `wake_up()` wakes the rest ("kv_cache") and generation resumes.
 After a level-2 sleep, waking the weights without a load is an error (they hold nothing).
 
@@ -58,7 +62,7 @@ call (one waiting on it too) raises vLLM's EngineDeadError and `health()` gives 
 vLLM's processes die with the actor (`rlactors.rollout.vllm_plugin`).
 
 Checkpoint (`state_dict`): the `policy_version` only. Weights belong to the trainer: after a
-restore, or a restart, the driver sends them again with `update_weights`.
+restore, or a restart, the trainer sends them again.
 """
 
 from __future__ import annotations
@@ -86,9 +90,11 @@ from rlactors.rollout.samples import (
     versions_per_token,
 )
 from rlactors.rollout.vllm_args import sampling_params
-from rlactors.rollout.weights import check_bucket, pack_tensors
+from rlactors.rollout.weights import check_bucket, inline_update_info
 from rlactors.transport import results_in_object_store
 from rlactors.types import Group, PromptRequest, Sample
+from rlactors.weight_sync.choice import RLACTORS_BACKEND
+from rlactors.weight_sync.layout import update_bytes
 
 SLEEP_TAGS = ("weights", "kv_cache")  # vLLM's sleep-mode allocation tags, in wake order
 MEMORY_RPC_TIMEOUT_S = 30.0  # a memory reading is a few calls in the worker; past this the engine is stuck
@@ -97,9 +103,10 @@ MEMORY_RPC_TIMEOUT_S = 30.0  # a memory reading is a few calls in the worker; pa
 @ray.remote
 class RolloutEngine:
     def __init__(self, model_path: str, config: RolloutConfig, dtype: str = "auto", policy_version: int = 0,
-                 seed: int = 0):
+                 seed: int = 0, weight_backend: str = RLACTORS_BACKEND):
         self.model_path = str(model_path)
         self.config = config
+        self.weight_backend = weight_backend  # vLLM's weight-transfer backend (rlactors.weight_sync.choice)
         self.platform = detect_platform()
         self.error_file = prepare_environment(self.platform, config)  # before vLLM is imported
         self.start_error: str | None = None  # vLLM failed to start: every later call fails with this
@@ -107,13 +114,13 @@ class RolloutEngine:
         self.seed = seed
         self.policy_version = policy_version
         self.asleep = False
-        self.weights_mixed = False  # a failed update left some tensors new, some old
+        self.weights_mixed = False  # an update began and has not finished: some tensors may be new, some old
         self.num_interrupted = 0  # responses cut by a weight update or sleep, then resumed or requeued
         self.llm = None
         self.vocab_size = 0
         self.front_end_cpu_cores: list[int] = []  # CPU: this process's cores, kept off the model's
         self._start_lock = asyncio.Lock()
-        self._update_lock = asyncio.Lock()
+        self._update: dict | None = None  # the weight update between start_ and finish_weight_update
         self._in_flight: dict[str, str] = {}  # vLLM request id -> group_id
         self._user_aborted: set[str] = set()  # group_ids whose samples must end as "abort"
         self._sleeping_tags: list[str] = []  # vLLM allocations asleep, of SLEEP_TAGS
@@ -130,7 +137,8 @@ class RolloutEngine:
             if self.llm is None:
                 try:
                     self.llm, self.front_end_cpu_cores = start_vllm(self.model_path, self.config, self.platform,
-                                                                    self.dtype, self.seed, self.error_file)
+                                                                    self.dtype, self.seed, self.error_file,
+                                                                    self.weight_backend)
                 except RuntimeError as error:
                     self.start_error = str(error)
                     raise
@@ -153,6 +161,7 @@ class RolloutEngine:
             "num_in_flight_samples": len(self._in_flight),
             "num_interrupted": self.num_interrupted,
             "platform": self.platform,
+            "dtype": self.dtype,
             "front_end_cpu_cores": self.front_end_cpu_cores,
             "sleeping_tags": list(self._sleeping_tags),
             "pid": os.getpid(),
@@ -280,62 +289,97 @@ class RolloutEngine:
 
     # ---------------------------------------------------------------- weights
 
-    async def update_weights(self, buckets: list, policy_version: int) -> dict:
-        """Load HF-named weight buckets (values or object refs) into the running engine, then label
-        all later tokens `policy_version`. Returns timing: weight_sync_s (fetch + transfer + load,
-        excluding the wait for in-flight requests, which is pause_s), weight_bytes, bytes_per_s."""
+    async def init_weight_transfer_engine(self, init_info: dict) -> None:
+        """Ready vLLM's weight-transfer engine for a sender (NCCL: join its group; shm: map its segments)."""
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        await self.ready()
+        await self._vllm("init_weight_transfer_engine",
+                         self.llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info)))
+
+    async def shutdown_weight_transfer(self) -> None:
+        await self._vllm("shutdown_weight_transfer", self.llm.shutdown_weight_transfer_engine())
+
+    async def start_weight_update(self, policy_version: int) -> None:
+        """Stop generating (or wake sleeping weights) and open a weight update to `policy_version`."""
         await self.ready()
         if policy_version < self.policy_version:
             raise ValueError(f"policy_version {policy_version} is older than the loaded {self.policy_version}")
-        async with self._update_lock:
-            pause_start = time.perf_counter()
-            was_asleep = self.asleep
-            if was_asleep:
-                if "weights" in self._sleeping_tags:
-                    await self._wake(["weights"])  # the KV cache stays freed until wake_up()
-            else:
-                mode = "abort" if self.config.partial_rollout else "wait"  # see the module docstring
-                await self._vllm("update_weights", self.llm.pause_generation(mode=mode, clear_cache=True))
-            sync_start = time.perf_counter()
-            weight_bytes = num_tensors = 0
-            try:
-                await self._vllm("update_weights", self.llm.collective_rpc("rlactors_start_update"))
-                try:
-                    for bucket_index, bucket in enumerate(buckets):
-                        if isinstance(bucket, ray.ObjectRef):
-                            bucket = await bucket
-                        named_tensors, nbytes = check_bucket(bucket, bucket_index)
-                        await self._vllm("update_weights", self.llm.collective_rpc(
-                            "rlactors_load_bucket", args=(pack_tensors(named_tensors),)))
-                        weight_bytes += nbytes
-                        num_tensors += len(named_tensors)
-                        del bucket, named_tensors
-                except BaseException:
-                    # Some buckets may have landed: the weights are now a mix of two versions.
-                    # Finish the reload so the engine stays usable; health() reports the mix
-                    # until a complete update succeeds. The version label is not bumped.
-                    self.weights_mixed = True
-                    raise
-                finally:
-                    await self._vllm("update_weights", self.llm.collective_rpc("rlactors_finish_update"))
-                await self._vllm("update_weights", self.llm.reset_prefix_cache())  # KV of the old weights
-                await self._vllm("update_weights", self.llm.update_weight_version(str(policy_version)))
-                self.policy_version = policy_version
-                self.weights_mixed = False
-                self._weights_discarded = False
-                await self._record("load_weights", policy_version=policy_version, weight_bytes=weight_bytes)
-            finally:
-                if not was_asleep:
-                    await self._vllm("update_weights", self.llm.resume_generation())
-            sync_s = time.perf_counter() - sync_start
-        return {
-            "policy_version": policy_version,
-            "weight_sync_s": sync_s,
-            "pause_s": sync_start - pause_start,
-            "weight_bytes": weight_bytes,
-            "num_tensors": num_tensors,
-            "bytes_per_s": weight_bytes / sync_s if sync_s > 0 else float("inf"),
-        }
+        if self._update is not None:
+            # vLLM's worker still holds that update open: only a fresh engine can take another.
+            raise RuntimeError(f"the weight update to policy_version {self._update['policy_version']} never "
+                               "finished: this engine must restart")
+        self._update = {"policy_version": policy_version, "pause_start": time.perf_counter(),
+                        "was_asleep": self.asleep, "weight_bytes": 0}
+        if self.asleep:
+            if "weights" in self._sleeping_tags:
+                await self._wake(["weights"])  # the KV cache stays freed until wake_up()
+        else:
+            mode = "abort" if self.config.partial_rollout else "wait"  # see the module docstring
+            await self._vllm("start_weight_update", self.llm.pause_generation(mode=mode, clear_cache=True))
+        self._update["sync_start"] = time.perf_counter()
+        self.weights_mixed = True  # from the first tensor loaded until finish_weight_update
+        await self._vllm("start_weight_update", self.llm.start_weight_update())
+
+    async def update_weights(self, update_info: dict) -> None:
+        """Load one bucket: vLLM's update info of this engine's backend, or `{"bucket": ref}` of the
+        object_store transport (the bucket is fetched here and its bytes passed on inline)."""
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        if self._update is None:
+            raise RuntimeError("update_weights without start_weight_update")
+        if "bucket" in update_info:
+            bucket = update_info["bucket"]
+            named_tensors = check_bucket(await bucket if isinstance(bucket, ray.ObjectRef) else bucket)
+            update_info = inline_update_info(named_tensors, bool(update_info.get("digest")))
+            del bucket, named_tensors
+        self._update["weight_bytes"] += update_bytes(update_info)
+        await self._vllm("update_weights", self.llm.update_weights(WeightTransferUpdateRequest(update_info=update_info)))
+
+    async def finish_weight_update(self, policy_version: int) -> dict:
+        """Close the update, label later tokens `policy_version`, resume generating. Returns timing:
+        weight_sync_s (start to finish, without the wait for in-flight requests, which is pause_s)."""
+        update = self._update
+        if update is None or update["policy_version"] != policy_version:
+            raise RuntimeError(f"finish_weight_update({policy_version}) without a matching start_weight_update")
+        await self._vllm("finish_weight_update", self.llm.finish_weight_update())
+        if self.weight_backend in ("nccl", "ipc"):
+            await self._vllm("finish_weight_update", self.llm.collective_rpc("rlactors_refresh_tied_head"))
+        await self._vllm("finish_weight_update", self.llm.reset_prefix_cache())  # KV of the old weights
+        await self._vllm("finish_weight_update", self.llm.update_weight_version(str(policy_version)))
+        self._update = None
+        self.policy_version = policy_version
+        self.weights_mixed = False
+        self._weights_discarded = False
+        await self._record("load_weights", policy_version=policy_version, weight_bytes=update["weight_bytes"])
+        if not update["was_asleep"]:
+            await self._vllm("finish_weight_update", self.llm.resume_generation())
+        return {"policy_version": policy_version, "weight_sync_s": time.perf_counter() - update["sync_start"],
+                "pause_s": update["sync_start"] - update["pause_start"]}
+
+    async def load_weights(self, buckets: list, policy_version: int) -> dict:
+        """A whole update pulled by the engine: object-store buckets (lists of (HF name, tensor), or
+        their refs) loaded in one call, through the same protocol (a revived replica's reload when
+        the weights were sent from a driver, not a trainer)."""
+        await self.start_weight_update(policy_version)
+        for bucket in buckets:
+            await self.update_weights({"bucket": bucket})
+        return await self.finish_weight_update(policy_version)
+
+    async def weight_checksums(self) -> dict[str, str]:
+        """vLLM's sha256 of every parameter as the engine holds it (its own layout), by worker."""
+        digests = await self._vllm("weight_checksums", self.llm.compute_weight_checksums())
+        return {name: value for worker in digests for name, value in worker.items()}
+
+    async def received_digests(self) -> dict[str, str]:
+        """sha256 of each tensor of the last update sent with digests (see `rlactors.weight_sync.sender`)."""
+        workers = await self._vllm("received_digests", self.llm.collective_rpc("rlactors_received_digests"))
+        return {name: value for worker in workers for name, value in worker.items()}
+
+    async def worker_memory(self, what: str) -> dict | None:
+        """`start` resets the peak memory of vLLM's first worker; `peak` reads its peak extra bytes since."""
+        method = {"start": "rlactors_start_peak_memory", "peak": "rlactors_peak_extra_bytes"}[what]
+        return (await self._vllm("worker_memory", self.llm.collective_rpc(method)))[0]
 
     # ---------------------------------------------------------------- sleep
 
@@ -390,11 +434,13 @@ class RolloutEngine:
 
 
 def create_engine(model_path: str, config: RolloutConfig, dtype: str = "auto", policy_version: int = 0,
-                  seed: int = 0, max_restarts: int = 0, placement_options: dict | None = None, **options: Any):
+                  seed: int = 0, max_restarts: int = 0, placement_options: dict | None = None,
+                  weight_backend: str = RLACTORS_BACKEND, **options: Any):
     """Start a RolloutEngine actor (vLLM itself starts on the first `ready()` or other call).
     `placement_options` are its resources from the run's plan (`Placement.engine_options`); without
     them it asks for `tensor_parallel_size` GPUs when the cluster has GPUs."""
     resources = placement_options or unplaced_options(config.num_cpus_per_engine, config.tensor_parallel_size)
     actor_options = results_in_object_store({**resources, "max_restarts": max_restarts, "max_concurrency": 10_000,
                                              **options})
-    return RolloutEngine.options(**actor_options).remote(model_path, config, dtype, policy_version, seed)
+    return RolloutEngine.options(**actor_options).remote(model_path, config, dtype, policy_version, seed,
+                                                         weight_backend)

@@ -51,7 +51,8 @@ def prepare_environment(platform: str, config: RolloutConfig) -> str:
     return error_file
 
 
-def start_vllm(model_path: str, config: RolloutConfig, platform: str, dtype: str, seed: int, error_file: str):
+def start_vllm(model_path: str, config: RolloutConfig, platform: str, dtype: str, seed: int, error_file: str,
+               weight_backend: str):
     """Start vLLM's `AsyncLLM` (what `AsyncLLM.from_engine_args` does, with the CPU pinning between
     config and start); returns it and the front end's CPU cores. Call it from the actor's event
     loop thread: the engine core is tied to the life of the thread that spawns it."""
@@ -61,7 +62,7 @@ def start_vllm(model_path: str, config: RolloutConfig, platform: str, dtype: str
 
     front_end_cpu_cores: list[int] = []
     try:
-        args = AsyncEngineArgs(**engine_kwargs(model_path, config, platform, dtype, seed))
+        args = AsyncEngineArgs(**engine_kwargs(model_path, config, platform, dtype, seed, weight_backend))
         vllm_config = args.create_engine_config()
         if platform == "cpu":
             front_end_cpu_cores = keep_front_end_off_model_cores(vllm_config)

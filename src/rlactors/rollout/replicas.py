@@ -3,11 +3,13 @@
     replicas = Replicas(engines, start_timeout_s=600, call_timeout_s=900)
     replicas.live()                                # [(replica, incarnation)] healthy now
     replicas.mark_failed(index, reason, incarnation, kill=False)
-    replicas.publish(bucket_refs, policy_version)  # what revived replicas load; returns live()
+    replicas.publish(policy_version)               # what revived replicas load; returns live()
+    replicas.weight_loader = load                  # how: the trainer sends them its weights
     replicas.poll(timeout_s); replicas.reviving(); replicas.health()
 
 Each replica is `healthy`, `restarting` (its actor failed; asking `ready()` until Ray has restarted
-it), `loading` (restarted; loading the current weights before it gets work) or `dead` (no restarts
+it), `loading` (restarted; loading the current weights before it gets work: `weight_loader`, which
+the driver sets to a sync from the trainer, so no copy of the weights is kept for revivals) or `dead` (no restarts
 left, a failed restart, or no revival within its bound: `start_timeout_s` for the restart,
 `call_timeout_s` for the load; its actor is then ended). Every failure counts once, with its
 reason kept as the replica's last error.
@@ -46,7 +48,9 @@ class Replicas:
         self.num_failures = [0] * num_engines
         self.last_errors: list[str | None] = [None] * num_engines
         self.policy_version = policy_version
-        self.weight_buckets: list | None = None  # refs of the last update, to reload restarted replicas
+        # Loads the current weights into a revived replica: (index -> (engine, incarnation),
+        # policy_version) -> ObjectRef of the sync's figures. None: it gets the version label only.
+        self.weight_loader = None
         # The version each replica is known to hold (its last completed load): every token it
         # generates from now on carries this version or a newer one, unless it restarted unseen.
         self.loaded_versions = [policy_version] * num_engines
@@ -71,12 +75,11 @@ class Replicas:
     def _healthy(self) -> list[tuple[int, int]]:
         return [(i, self._incarnations[i]) for i, state in enumerate(self.states) if state == HEALTHY]
 
-    def publish(self, bucket_refs: list | None, policy_version: int) -> list[tuple[int, int]]:
-        """Record the weights revived replicas load and return `live()`, in one step: a replica
-        left out (reviving) loads these buckets before it turns healthy."""
+    def publish(self, policy_version: int) -> list[tuple[int, int]]:
+        """Record the version revived replicas load and return `live()`, in one step: a replica
+        left out (reviving) loads this version (`weight_loader`) before it turns healthy."""
         self.poll(timeout_s=0)
         with self.lock:
-            self.weight_buckets = bucket_refs  # None: revived replicas get only the version label
             self.policy_version = policy_version
             return self._healthy()
 
@@ -194,6 +197,9 @@ class Replicas:
         if state == LOADING and (is_engine_dead(answer) or isinstance(answer, ray.exceptions.RayActorError)):
             self._fail(index, f"{stage}: {error_text(answer)}", kill=is_engine_dead(answer))  # Ray restarts it if allowed
             return
+        if state == LOADING and isinstance(answer, dict) and index in (answer.get("failed") or {}):
+            self._fail(index, f"{stage}: {answer['failed'][index]}", kill=True)  # its update may be half done
+            return
         if isinstance(answer, BaseException):  # no restarts left, or vLLM failed to start again
             self._give_up(index, f"{self.last_errors[index]}; then the {stage} failed: {error_text(answer)}")
             return
@@ -204,8 +210,8 @@ class Replicas:
             self._loading_version[index] = self.policy_version
             self._revive_by[index] = time.monotonic() + self.call_timeout_s
             self._revivals[index] = (
-                engine.update_weights.remote(self.weight_buckets, self.policy_version)
-                if self.weight_buckets is not None
+                self.weight_loader({index: (engine, self._incarnations[index])}, self.policy_version)
+                if self.weight_loader is not None
                 else engine.load_state_dict.remote({"policy_version": self.policy_version})
             )
             return

@@ -6,7 +6,7 @@
         ...                                              # the Group stays in the object store
     for group in router.generate(requests, sampling):    # the same, each Group fetched here
         ...
-    router.update_weights(bucket_refs, policy_version)   # all live replicas
+    router.update_weights(named_tensors, policy_version) # all live replicas, sent from here
     router.health()                                      # one dict per replica
 
 A plain object, not an actor: it only moves object refs, and living in the driver means it dies
@@ -24,8 +24,8 @@ between two calls comes back with the initial weights: its first group's tokens 
 older than the one it held, and it is failed like the others (that group is not yielded). The
 requests a failed replica had not returned are re-sent to live replicas from scratch. If replicas
 were created with
-`max_restarts > 0`, Ray restarts a failed one; the router then loads the current weights into it
-(it keeps the last `update_weights` buckets as object refs for this) before it gets work again. A
+`max_restarts > 0`, Ray restarts a failed one; the router then has the current weights loaded into it
+(`set_weight_loader`: in a run, a sync from the trainer; no copy is kept) before it gets work again. A
 replica that does not come back within `start_timeout_s` is given up. Once no replica is live and
 none is coming back, `NoLiveEngineError` names each replica, its state, failures and last error.
 A request the engine itself refuses (a prompt too long, bad token ids) comes back as a Group of
@@ -81,6 +81,7 @@ class RolloutRouter:
         self._lock = threading.Lock()  # the two counters below
         self.num_resent = 0
         self.num_health_probes = 0  # health() calls sent to replicas whose streams were quiet
+        self._sender = None  # `update_weights`' sender, made at its first call
 
     @classmethod
     def create(cls, model_path: str, config: RolloutConfig, max_restarts: int = 0, placement=None, **engine_options):
@@ -95,10 +96,6 @@ class RolloutRouter:
     @property
     def policy_version(self) -> int:
         return self.replicas.policy_version
-
-    @property
-    def weight_buckets(self) -> list | None:
-        return self.replicas.weight_buckets
 
     # ---------------------------------------------------------------- replicas
 
@@ -302,16 +299,50 @@ class RolloutRouter:
 
     # ---------------------------------------------------------------- weights, sleep, state
 
-    def update_weights(self, buckets: list, policy_version: int) -> list[dict | None]:
-        """Send the buckets (values are put once into the object store) to every live replica.
-        Returns each replica's timing dict, None for replicas that are not live (or failed now)."""
-        refs = [b if isinstance(b, ray.ObjectRef) else ray.put(b) for b in buckets]
-        live = self.replicas.publish(refs, policy_version)
-        results = self._call(live, "update_weights", refs, policy_version)
-        for index, incarnation in live:
-            if index in results:
-                self.replicas.confirm_loaded(index, incarnation, policy_version)
-        return [results.get(i) for i in range(len(self.engines))]
+    def weight_sync_targets(self, policy_version: int) -> dict[int, tuple[object, int]]:
+        """Begin a sync to `policy_version`: the live replicas, index -> (engine, incarnation), for a
+        sender (`rlactors.weight_sync`). A replica reviving meanwhile loads this version itself."""
+        live = self.replicas.publish(policy_version)
+        return {index: (self.engines[index], incarnation) for index, incarnation in live}
+
+    def weight_sync_done(self, targets: dict[int, tuple[object, int]], stats: dict) -> None:
+        """Record a sync's outcome: each engine it reached holds `stats["policy_version"]`; one it
+        failed on is killed (its update may be half done) and revived by Ray with the current weights."""
+        failed = stats.get("failed") or {}
+        for index, (_, incarnation) in targets.items():
+            if index in failed:
+                self.replicas.mark_failed(index, f"weight sync: {failed[index]}", incarnation, kill=True)
+            else:
+                self.replicas.confirm_loaded(index, incarnation, stats["policy_version"])
+
+    def set_weight_loader(self, loader) -> None:
+        """How a revived replica gets the current weights: `loader(targets, policy_version)` returns
+        an ObjectRef of the sync's figures (a trainer group's `send_weights_ref`)."""
+        self.replicas.weight_loader = loader
+
+    def update_weights(self, named_tensors, policy_version: int, transport: str = "object_store",
+                       bucket_bytes: int = 64 << 20, verify: bool = False) -> dict:
+        """Send (HF name, tensor) pairs from this process to every live replica (tests and notebooks;
+        in a run the trainer sends its own weights). Returns the sync's figures (`WeightSender`).
+        A replica revived later pulls the same pairs from the object store (`load_weights`): the
+        router keeps a reference to the caller's pairs, which are the caller's to change."""
+        from rlactors.weight_sync.choice import WeightSyncSettings
+        from rlactors.weight_sync.sender import WeightSender
+
+        pairs = list(named_tensors)
+        if self._sender is None:
+            self._sender = WeightSender(rank=0)
+        targets = self.weight_sync_targets(policy_version)
+        settings = WeightSyncSettings(transport, bucket_bytes, None, self.call_timeout_s, verify=verify)
+        stats = self._sender.send(lambda: iter(pairs), targets, policy_version, settings)
+        self.weight_sync_done(targets, stats)
+
+        def reload(revived: dict, version: int):
+            ((engine, _),) = revived.values()
+            return engine.load_weights.remote([ray.put(pairs)], version)
+
+        self.set_weight_loader(reload)
+        return stats
 
     def sleep(self) -> None:
         self._call(self.replicas.live(), "sleep")
@@ -330,10 +361,9 @@ class RolloutRouter:
         return {"policy_version": self.policy_version}
 
     def load_state_dict(self, state: dict) -> None:
-        # The kept buckets belong to an older version: a replica revived now loads none, and gets
-        # the restored weights with the update that follows a restore.
+        # A replica revived now gets the restored weights with the sync that follows a restore.
         policy_version = int(state["policy_version"])
-        live = self.replicas.publish(None, policy_version)
+        live = self.replicas.publish(policy_version)
         results = self._call(live, "load_state_dict", state)
         for index, incarnation in live:
             if index in results:

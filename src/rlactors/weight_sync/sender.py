@@ -1,0 +1,156 @@
+"""`WeightSender`: one trainer rank's side of every weight sync, over any transport.
+
+    sender = WeightSender(rank=0)
+    stats = sender.send(lambda: model.state_dict().items(), engines, policy_version=3, settings=settings)
+
+`engines` maps each replica index to (RolloutEngine handle, incarnation); `settings` is a
+`WeightSyncSettings`. The first sync, and any sync whose engines, incarnations or settings differ
+from the last one's, builds the trainer engine anew through vLLM's `WeightTransferTrainerFactory`
+(`trainer_init`: for NCCL a rendezvous, for shm fresh segments); the others reuse it. Every rank
+of the trainer calls `send` with the same arguments (the gathers are collectives); rank 0 sends
+and returns the sync's figures, the other ranks return None.
+
+Verification (`settings.verify`, for tests and on demand): the engines keep the sha256 of each
+tensor they received, and rank 0 compares them with what it sent; an engine with a difference is
+reported in `failed`, naming the tensor, like one that died (the driver restarts it).
+
+Engine failures never raise here: an engine that fails leaves the sync and is named in the
+figures' `failed` (with no engine left, every one is); the driver restarts them. Only a failure of
+the trainer side raises. (vLLM's own `nccl` and `ipc` engines keep no
+digests: there the engines' `weight_checksums` are compared with each other.)
+"""
+
+from __future__ import annotations
+
+import time
+import torch
+
+from rlactors.phases import peak_extra_bytes, start_peak_memory
+from rlactors.weight_sync.choice import WeightSyncSettings, nccl_world_size
+from rlactors.weight_sync.client import EngineSyncClient, WeightSyncError
+from rlactors.weight_sync.source import NamedTensorSource
+from rlactors.weight_sync.trainer_engines import ObjectStoreInitInfo, SharedMemoryInitInfo, register_trainer_engines
+
+
+class WeightSender:
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.engine = None
+        self.client: EngineSyncClient | None = None
+        self._key = None
+        self.num_inits = 0
+
+    def send(self, named_tensors, engines: dict[int, tuple[object, int]], policy_version: int,
+             settings: WeightSyncSettings) -> dict | None:
+        key = (tuple(sorted((index, incarnation) for index, (_, incarnation) in engines.items())), settings)
+        start = time.perf_counter()
+        baseline = start_peak_memory()
+        if key != self._key:
+            self._init(named_tensors, {index: handle for index, (handle, _) in engines.items()}, settings)
+            self._key = key
+        init_s = time.perf_counter() - start
+        if self.rank == 0:
+            self.client.begin(policy_version)
+        try:
+            self.engine.send_weights()
+        except WeightSyncError:
+            # No engine left in this sync (each one's error is in `failed`): the driver's to handle,
+            # not a trainer failure (the other ranks finished their gathers).
+            self._key = None
+        except BaseException:
+            self._key = None  # whatever broke, the next sync starts the transport afresh
+            raise
+        if self.rank != 0:
+            return None
+        if settings.verify and self.client.live:
+            self._verify()
+        elapsed = time.perf_counter() - start
+        num_bytes = getattr(self.engine, "num_bytes", None) or self._metadata_bytes()
+        return {
+            "transport": settings.transport,
+            "policy_version": policy_version,
+            "weight_sync_s": elapsed,
+            "init_s": init_s,
+            "weight_bytes": num_bytes,
+            "bytes_per_s": num_bytes / max(elapsed, 1e-9),
+            "num_buckets": len(getattr(self.engine, "buckets", ())) or None,
+            "num_tensors": len(self.source.metadata()),
+            "peak_extra_bytes": peak_extra_bytes(baseline),
+            "synced": sorted(self.client.live),
+            "failed": dict(self.client.failed),
+        }
+
+    def _init(self, named_tensors, handles: dict, settings: WeightSyncSettings) -> None:
+        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+
+        register_trainer_engines()
+        self.shutdown()
+        self.source = NamedTensorSource(named_tensors, getattr(torch, settings.dtype or engine_dtype(handles)))
+        self.client = EngineSyncClient(handles, settings.transport, settings.call_timeout_s, settings.workers_per_engine)
+        self.client.begin(0)
+        self.engine = WeightTransferTrainerFactory.trainer_init(
+            self._init_info(settings, len(handles)), client=self.client, source=self.source)
+        self.num_inits += 1
+
+    def _init_info(self, settings: WeightSyncSettings, num_engines: int):
+        if settings.transport == "shm":
+            return SharedMemoryInitInfo(rank=self.rank, bucket_bytes=settings.bucket_bytes, digest=settings.verify)
+        if settings.transport == "object_store":
+            return ObjectStoreInitInfo(rank=self.rank, bucket_bytes=settings.bucket_bytes, digest=settings.verify)
+        if settings.transport == "ipc":
+            from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
+
+            return IPCTrainerInitInfo(rank=self.rank, packed=True, packed_buffer_size_bytes=settings.bucket_bytes)
+        if settings.transport == "nccl":
+            from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+            address, port = rendezvous_address() if self.rank == 0 else ("", 0)
+            return NCCLTrainerInitInfo(rank=self.rank, master_address=address, master_port=port,
+                                       world_size=nccl_world_size(num_engines, settings.workers_per_engine),
+                                       packed=True, packed_buffer_size_bytes=settings.bucket_bytes)
+        raise ValueError(f"unknown weight transport {settings.transport!r}")
+
+    def _verify(self) -> None:
+        sent = self.engine.sent_digests
+        if not sent:
+            return  # vLLM's engines keep none
+        for index, received in self.client.call("received_digests").items():
+            missing = sorted(set(sent) - set(received))
+            wrong = sorted(name for name in sent if name in received and received[name] != sent[name])
+            if missing or wrong:  # the engine holds weights nobody sent: it fails like one that died
+                self.client.failed[index] = "verify: " + "; ".join(
+                    ([f"{len(wrong)} tensor(s) differ from what was sent, first {wrong[0]!r}"] if wrong else [])
+                    + ([f"{len(missing)} never arrived, first {missing[0]!r}"] if missing else []))
+                self.client.live.remove(index)
+
+    def _metadata_bytes(self) -> int:
+        return sum(meta.dtype.itemsize * torch.Size(meta.shape).numel() for meta in self.source.metadata())
+
+    def shutdown(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+        self.engine = None
+        self._key = None
+
+
+def engine_dtype(handles: dict) -> str:
+    import ray
+
+    from rlactors.waits import get_within
+
+    index = min(handles)
+    return get_within(handles[index].health.remote(), 60.0, f"rollout engine {index}'s health (its dtype)")["dtype"]
+
+
+def rendezvous_address() -> tuple[str, int]:
+    """This node's IP and a free port, for the NCCL group's TCP store."""
+    import socket
+
+    import ray
+
+    address = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return address, probe.getsockname()[1]
+
+

