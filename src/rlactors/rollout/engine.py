@@ -6,7 +6,7 @@ Protocol (Ray actor methods; everything else is private):
     ray.get(engine.ready.remote())                          # starts vLLM (~35 s on 2 CPU cores)
     for ref in engine.generate.remote(requests, sampling):  # streaming generator
         group = ray.get(ref)                                # one Group per prompt, completion order
-    stats = ray.get(engine.update_weights.remote(bucket_refs, policy_version=3))
+    # weight syncs: driven by a sender (rlactors.weight_sync), see "Weight updates" below
     ray.get(engine.sleep.remote()); ray.get(engine.wake_up.remote())
     ray.get(engine.abort.remote(group_ids))                 # None aborts everything in flight
     ray.get(engine.health.remote()); engine.state_dict / load_state_dict

@@ -45,18 +45,26 @@ class WeightSender:
         key = (tuple(sorted((index, incarnation) for index, (_, incarnation) in engines.items())), settings)
         start = time.perf_counter()
         baseline = start_peak_memory()
-        if key != self._key:
-            self._init(named_tensors, {index: handle for index, (handle, _) in engines.items()}, settings)
-            self._key = key
-        init_s = time.perf_counter() - start
-        if self.rank == 0:
-            self.client.begin(policy_version)
+        init_s, sending = 0.0, False
         try:
+            if key != self._key:
+                self._key = None
+                self._init(named_tensors, {index: handle for index, (handle, _) in engines.items()}, settings,
+                           policy_version)
+                self._key = key
+            elif self.rank == 0:
+                self.client.begin(policy_version)
+            init_s = time.perf_counter() - start
+            sending = True
             self.engine.send_weights()
         except WeightSyncError:
             # No engine left in this sync (each one's error is in `failed`): the driver's to handle,
-            # not a trainer failure (the other ranks finished their gathers).
+            # not a trainer failure. The other ranks are in the gathers, or done with them: the
+            # engine joins them all when a send breaks off; before it started, one pass does.
             self._key = None
+            if not sending:
+                for _ in self.source:
+                    pass
         except BaseException:
             self._key = None  # whatever broke, the next sync starts the transport afresh
             raise
@@ -80,14 +88,19 @@ class WeightSender:
             "failed": dict(self.client.failed),
         }
 
-    def _init(self, named_tensors, handles: dict, settings: WeightSyncSettings) -> None:
+    def _init(self, named_tensors, handles: dict, settings: WeightSyncSettings, policy_version: int) -> None:
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
         register_trainer_engines()
+        if self.rank == 0 and self.client is not None and self.client.transport == "nccl":
+            # The engines of the last group leave it before a new one forms (each holds a communicator).
+            self.client.begin(policy_version)
+            self.client.call("shutdown_weight_transfer")
         self.shutdown()
-        self.source = NamedTensorSource(named_tensors, getattr(torch, settings.dtype or engine_dtype(handles)))
+        dtype = settings.dtype or (engine_dtype(handles) if handles else "float32")
+        self.source = NamedTensorSource(named_tensors, getattr(torch, dtype))
         self.client = EngineSyncClient(handles, settings.transport, settings.call_timeout_s, settings.workers_per_engine)
-        self.client.begin(0)
+        self.client.begin(policy_version)
         self.engine = WeightTransferTrainerFactory.trainer_init(
             self._init_info(settings, len(handles)), client=self.client, source=self.source)
         self.num_inits += 1
