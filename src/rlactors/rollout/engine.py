@@ -87,7 +87,7 @@ from rlactors.rollout.samples import (
     resolve_sampling,
     sample_seed,
     summarize_group,
-    versions_per_token,
+    extend_sample,
 )
 from rlactors.rollout.vllm_args import sampling_params
 from rlactors.rollout.weights import check_bucket, inline_update_info
@@ -255,19 +255,13 @@ class RolloutEngine:
             finally:
                 self._in_flight.pop(request_id, None)
             completion = final.outputs[0]
-            token_ids = list(completion.token_ids)
-            logprobs = [position[token].logprob for position, token in zip(completion.logprobs or [], token_ids, strict=True)]
-            versions = versions_per_token(completion.weight_versions, len(token_ids), self.policy_version)
             interrupted = completion.finish_reason == "abort" and request.group_id not in self._user_aborted
             self.num_interrupted += interrupted
             if interrupted and self.config.on_abort == "requeue":
                 sample.response_token_ids, sample.response_logprobs, sample.token_policy_versions = [], [], []
                 texts = []
                 continue
-            sample.response_token_ids += token_ids
-            sample.response_logprobs += logprobs
-            sample.token_policy_versions += versions
-            texts.append(completion.text)
+            texts.append(extend_sample(sample, completion, self.policy_version))
             if not interrupted:
                 sample.finish_reason = completion.finish_reason
                 break
@@ -367,14 +361,12 @@ class RolloutEngine:
         return await self.finish_weight_update(policy_version)
 
     async def weight_checksums(self) -> dict[str, str]:
-        """vLLM's sha256 of every parameter as the engine holds it (its own layout), by worker."""
-        digests = await self._vllm("weight_checksums", self.llm.compute_weight_checksums())
-        return {name: value for worker in digests for name, value in worker.items()}
+        """vLLM's sha256 of every parameter as the engine holds it (its own layout), all workers."""
+        return merged(await self._vllm("weight_checksums", self.llm.compute_weight_checksums()))
 
     async def received_digests(self) -> dict[str, str]:
         """sha256 of each tensor of the last update sent with digests (see `rlactors.weight_sync.sender`)."""
-        workers = await self._vllm("received_digests", self.llm.collective_rpc("rlactors_received_digests"))
-        return {name: value for worker in workers for name, value in worker.items()}
+        return merged(await self._vllm("received_digests", self.llm.collective_rpc("rlactors_received_digests")))
 
     async def worker_memory(self, what: str) -> dict | None:
         """`start` resets the peak memory of vLLM's first worker; `peak` reads its peak extra bytes since."""
@@ -406,7 +398,7 @@ class RolloutEngine:
             raise ValueError(f"wake_up tags {sorted(unknown)}: allowed values are {list(SLEEP_TAGS)}")
         wake = [tag for tag in self._sleeping_tags if tags is None or tag in tags]
         if "weights" in wake and self._weights_discarded:
-            raise RuntimeError("the level-2 sleep discarded the weights: load new ones (update_weights) before "
+            raise RuntimeError("the level-2 sleep discarded the weights: load new ones (a weight sync) before "
                                "wake_up, which then wakes the KV cache")
         return await self._wake(wake) if wake else None
 
@@ -431,6 +423,10 @@ class RolloutEngine:
     def phase_log(self) -> list[dict]:
         """This engine's last phases (see `rlactors.phases`), oldest first."""
         return self.phases.entries()
+
+
+def merged(per_worker: list[dict]) -> dict:
+    return {name: value for worker in per_worker for name, value in worker.items()}
 
 
 def create_engine(model_path: str, config: RolloutConfig, dtype: str = "auto", policy_version: int = 0,

@@ -31,12 +31,13 @@ none is coming back, `NoLiveEngineError` names each replica, its state, failures
 A request the engine itself refuses (a prompt too long, bad token ids) comes back as a Group of
 "error" samples naming its prompt_id: never silently dropped.
 
-Bounds: `ready()` waits at most `start_timeout_s`; weight updates, sleep, wake-up and state loads
-at most `call_timeout_s` (a TimeoutError names the replicas and the call). A replica that dies
-during one of them is marked failed and the call goes on with the others.
+Bounds: `ready()` waits at most `start_timeout_s`; sleep, wake-up and state loads at most
+`call_timeout_s` (a TimeoutError names the replicas and the call), and so does each call of a
+weight sync (`rlactors.weight_sync.client`). A replica that dies during one of them is marked
+failed and the call goes on with the others.
 
-Threads: in async mode the producer thread iterates `generate_refs` while the trainer thread calls
-`update_weights` (and validation generates too). The replicas' states, failures and revivals live
+Threads: in async mode the producer thread iterates `generate_refs` while the trainer thread syncs
+weights (`weight_sync_targets` / `weight_sync_done`; validation generates too). The replicas' states, failures and revivals live
 in `rlactors.rollout.replicas.Replicas`, which locks them; what a `generate_refs` call tracks
 (its streams, their pending requests, the watchdog's timers) is its own, touched by one thread.
 """
@@ -348,7 +349,7 @@ class RolloutRouter:
         self._call(self.replicas.live(), "sleep")
 
     def wake_up(self) -> None:
-        """Wake whatever still sleeps: after `update_weights` on sleeping engines, the KV cache."""
+        """Wake whatever still sleeps: after a weight sync into sleeping engines, the KV cache."""
         self._call(self.replicas.live(), "wake_up")
 
     def phase_logs(self) -> list[list[dict] | None]:

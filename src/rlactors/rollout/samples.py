@@ -1,5 +1,6 @@
 """Plain functions the rollout engine and router share: checking a prompt and its sampling settings,
-per-sample seeds, the Group that reports a failed request, per-token policy versions, and the small
+per-sample seeds, a sample's tokens from vLLM's output, the Group that reports a failed request,
+per-token policy versions, and the small
 summary of a finished Group that the router reads instead of the Group itself."""
 
 from __future__ import annotations
@@ -51,6 +52,17 @@ def versions_per_token(spans, num_tokens: int, fallback: int) -> list[int]:
     for span in spans or ():
         versions[span.start : span.end] = [int(span.version)] * (span.end - span.start)
     return versions
+
+
+def extend_sample(sample: Sample, completion, fallback_version: int) -> str:
+    """Append a vLLM `CompletionOutput`'s tokens, sampled-token logprobs and per-token versions to
+    `sample`; returns its text."""
+    token_ids = list(completion.token_ids)
+    sample.response_token_ids += token_ids
+    sample.response_logprobs += [position[token].logprob
+                                 for position, token in zip(completion.logprobs or [], token_ids, strict=True)]
+    sample.token_policy_versions += versions_per_token(completion.weight_versions, len(token_ids), fallback_version)
+    return completion.text
 
 
 def error_group(request: PromptRequest, num_samples: int, message: str) -> Group:

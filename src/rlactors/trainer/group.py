@@ -5,7 +5,7 @@
     batch.set_field("old_logprobs", actor.compute_logprobs(batch, temperature=1.0)["logprobs"])
     ... advantages from the algorithm functions, `batch.set_padded_field("advantages", ...)` ...
     metrics = actor.update_policy(batch, temperature=1.0)
-    refs, num_bytes = actor.export_weights()
+    stats = actor.send_weights(router.weight_sync_targets(version), version, settings)  # to the engines
     actor.offload(); ...; actor.onload()   # colocated: host memory while the engines generate
 
 A plain driver-side object: it plans every call from the sequence lengths (mini-batches, one

@@ -84,6 +84,16 @@ class _BucketedEngine(TrainerWeightTransferEngine):
         self.sent_digests: dict[str, str] = {}
         self.num_bytes = sum(entry.num_bytes for bucket in self.buckets for entry in bucket)
 
+    @classmethod
+    def trainer_init(cls, init_info, *, client, source=None):
+        if source is None:
+            raise ValueError(f"the {init_info.backend} weight transport needs a WeightSource")
+        engine = cls(client=client, source=source, is_sender=init_info.is_sender,
+                     bucket_bytes=init_info.bucket_bytes, keep_digests=init_info.digest)
+        if engine.is_sender:
+            engine._open()  # the sender's side of init_weight_transfer_engine
+        return engine
+
     def _gathered(self):
         """(bucket index, entry, tensor) in source order, checked against the layout."""
         entries = [(index, entry) for index, bucket in enumerate(self.buckets) for entry in bucket]
@@ -129,17 +139,7 @@ class _BucketedEngine(TrainerWeightTransferEngine):
 class SharedMemoryTrainerEngine(_BucketedEngine):
     init_info_cls = SharedMemoryInitInfo
 
-    @classmethod
-    def trainer_init(cls, init_info: SharedMemoryInitInfo, *, client, source=None):
-        if source is None:
-            raise ValueError("the shm weight transport needs a WeightSource")
-        engine = cls(client=client, source=source, is_sender=init_info.is_sender,
-                     bucket_bytes=init_info.bucket_bytes, keep_digests=init_info.digest)
-        if engine.is_sender:
-            engine._open_segments()
-        return engine
-
-    def _open_segments(self) -> None:
+    def _open(self) -> None:
         folder = segment_folder(NUM_SEGMENTS * self.segment_bytes)
         paths = [os.path.join(folder, f"rlactors-weights-{os.getpid()}-{uuid.uuid4().hex[:8]}-{k}")
                  for k in range(NUM_SEGMENTS)]
@@ -175,15 +175,8 @@ class SharedMemoryTrainerEngine(_BucketedEngine):
 class ObjectStoreTrainerEngine(_BucketedEngine):
     init_info_cls = ObjectStoreInitInfo
 
-    @classmethod
-    def trainer_init(cls, init_info: ObjectStoreInitInfo, *, client, source=None):
-        if source is None:
-            raise ValueError("the object_store weight transport needs a WeightSource")
-        engine = cls(client=client, source=source, is_sender=init_info.is_sender,
-                     bucket_bytes=init_info.bucket_bytes, keep_digests=init_info.digest)
-        if engine.is_sender:
-            engine.client.init_weight_transfer_engine({})
-        return engine
+    def _open(self) -> None:
+        self.client.init_weight_transfer_engine({})  # nothing to set up: the buckets travel by ref
 
     def _send_buckets(self, pipeline: Pipeline, gathered) -> None:
         import ray
