@@ -48,13 +48,13 @@ def segment_bytes_for(metas: list[tuple[str, torch.dtype, tuple[int, ...]]], buc
 def plan_buckets(metas: list[tuple[str, torch.dtype, tuple[int, ...]]], segment_bytes: int) -> list[list[Entry]]:
     """Cut `metas` (name, dtype, shape), in order, into buckets whose entries fit `segment_bytes`."""
     buckets: list[list[Entry]] = []
-    used = segment_bytes  # no open bucket
+    used = 0
     for name, dtype, shape in metas:
         size = tensor_bytes(dtype, shape)
         if size > segment_bytes:
             raise ValueError(f"weight {name!r} ({size} bytes) does not fit a segment of {segment_bytes} bytes")
         start = aligned(used)
-        if start + size > segment_bytes:
+        if not buckets or start + size > segment_bytes:
             buckets.append([])
             start = 0
         buckets[-1].append(Entry(name, dtype, tuple(int(s) for s in shape), start))

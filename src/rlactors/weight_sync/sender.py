@@ -52,8 +52,10 @@ class WeightSender:
                 self._init(named_tensors, {index: handle for index, (handle, _) in engines.items()}, settings,
                            policy_version)
                 self._key = key
-            elif self.rank == 0:
-                self.client.begin(policy_version)
+            else:
+                self.source.use(named_tensors)  # the trainer engine reads this sync's tensors
+                if self.rank == 0:
+                    self.client.begin(policy_version)
             init_s = time.perf_counter() - start
             sending = True
             self.engine.send_weights()

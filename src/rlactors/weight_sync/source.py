@@ -19,6 +19,10 @@ class NamedTensorSource(WeightSource):
         self._named_tensors = named_tensors
         self.dtype = dtype
 
+    def use(self, named_tensors) -> None:
+        """Read the tensors from `named_tensors` from now on (a later sync's weights)."""
+        self._named_tensors = named_tensors
+
     def metadata(self) -> list[ParamMeta]:
         # A DTensor's shape is its global shape: no gather.
         return [ParamMeta(name, self.dtype or tensor.dtype, tuple(tensor.shape)) for name, tensor in self._named_tensors()]
