@@ -26,6 +26,9 @@ PRESETS: dict[str, dict[str, int]] = {
     # ~3M parameters: the CPU demo's model.
     "small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                   intermediate_size=768),
+    # ~110M parameters: the weight-sync benchmark's model (~450 MB in float32, ~225 MB in bfloat16).
+    "medium": dict(hidden_size=1024, num_hidden_layers=10, num_attention_heads=16, num_key_value_heads=4,
+                   intermediate_size=2816),
 }
 
 PAD_TOKEN = "<|pad|>"

@@ -84,10 +84,10 @@ from rlactors.rollout.samples import (
     SamplingArg,
     check_prompt,
     error_group,
+    extend_sample,
     resolve_sampling,
     sample_seed,
     summarize_group,
-    extend_sample,
 )
 from rlactors.rollout.vllm_args import sampling_params
 from rlactors.rollout.weights import check_bucket, inline_update_info

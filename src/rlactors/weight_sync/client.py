@@ -83,7 +83,7 @@ class EngineSyncClient:
             except Exception as error:  # the engine raised or died: it leaves this sync
                 self._fail(index, f"{method}: {error_text(error)}")
         if self.failed and (not self.live or self.transport == "nccl"):
-            raise WeightSyncError("weight sync (policy_version {}) failed: ".format(self.policy_version) + "; ".join(
+            raise WeightSyncError(f"weight sync (policy_version {self.policy_version}) failed: " + "; ".join(
                 f"engine {index}: {error}" for index, error in sorted(self.failed.items())))
         return results
 

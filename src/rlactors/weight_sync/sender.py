@@ -23,13 +23,18 @@ digests: there the engines' `weight_checksums` are compared with each other.)
 from __future__ import annotations
 
 import time
+
 import torch
 
 from rlactors.phases import peak_extra_bytes, start_peak_memory
 from rlactors.weight_sync.choice import WeightSyncSettings, nccl_world_size
 from rlactors.weight_sync.client import EngineSyncClient, WeightSyncError
 from rlactors.weight_sync.source import NamedTensorSource
-from rlactors.weight_sync.trainer_engines import ObjectStoreInitInfo, SharedMemoryInitInfo, register_trainer_engines
+from rlactors.weight_sync.trainer_engines import (
+    ObjectStoreInitInfo,
+    SharedMemoryInitInfo,
+    register_trainer_engines,
+)
 
 
 class WeightSender:
@@ -149,7 +154,6 @@ class WeightSender:
 
 
 def engine_dtype(handles: dict) -> str:
-    import ray
 
     from rlactors.waits import get_within
 
