@@ -132,7 +132,7 @@ def test_the_only_engine_killed_twice_stops_the_run_naming_it(ray_session, tmp_p
     from rlactors.rollout.router import NoLiveEngineError, RolloutRouter
 
     routers = _capture_routers(monkeypatch)
-    ready, update_weights = RolloutRouter.ready, RolloutRouter.update_weights
+    ready, weight_sync_targets = RolloutRouter.ready, RolloutRouter.weight_sync_targets
     killed = []
 
     def ready_then_killed(router):
@@ -140,14 +140,16 @@ def test_the_only_engine_killed_twice_stops_the_run_naming_it(ray_session, tmp_p
         killed.append(_sigkill_engine(router))
         return health
 
-    def update_weights_with_the_engine_killed(router, buckets, policy_version):
+    def targets_then_the_engine_killed(router, policy_version):
         if len(killed) == 1:
             router.wait_until_healthy(timeout_s=300)  # the restarted actor, not the one being restarted
+        targets = weight_sync_targets(router, policy_version)
+        if len(killed) == 1:  # the trainer's sync then runs into the dead engine
             killed.append(_sigkill_engine(router))
-        return update_weights(router, buckets, policy_version)
+        return targets
 
     monkeypatch.setattr(RolloutRouter, "ready", ready_then_killed)
-    monkeypatch.setattr(RolloutRouter, "update_weights", update_weights_with_the_engine_killed)
+    monkeypatch.setattr(RolloutRouter, "weight_sync_targets", targets_then_the_engine_killed)
     before = leftover_processes()
     with pytest.raises(NoLiveEngineError) as raised:
         run_pipeline(_config(tmp_path, tiny_model_dir))

@@ -189,7 +189,7 @@ def test_engine_death_during_a_weight_update_fails_the_replica_then_no_engine_is
             break
         time.sleep(0.1)
     stats, _ = perturb_and_send(router, model, policy_version=3, seed=13)
-    assert stats == [None, None]
+    assert stats["synced"] == [] and sorted(stats["failed"]) == [0], stats  # replica 1 is dead already
     health = router.wait_until_healthy(timeout_s=120)
     assert health[0]["state"] == "dead" and health[0]["num_failures"] == failures_before[0] + 1, health
     assert "EngineDeadError" in health[0]["last_error"], health
