@@ -104,7 +104,7 @@ class WeightSender:
             self.client.begin(policy_version)
             self.client.call("shutdown_weight_transfer")
         self.shutdown()
-        dtype = settings.dtype or (engine_dtype(handles) if handles else "float32")
+        dtype = settings.dtype or engine_dtype(handles, settings.call_timeout_s)
         self.source = NamedTensorSource(named_tensors, getattr(torch, dtype))
         self.client = EngineSyncClient(handles, settings.transport, settings.call_timeout_s, settings.workers_per_engine)
         self.client.begin(policy_version)
@@ -153,12 +153,18 @@ class WeightSender:
         self._key = None
 
 
-def engine_dtype(handles: dict) -> str:
+def engine_dtype(handles: dict, timeout_s: float) -> str:
+    """The dtype of the first engine that answers (they all run the same model). One that does not
+    answer is left to the sync, which names it in `failed`; with none answering nothing is sent,
+    and the dtype does not matter."""
+    import ray
 
-    from rlactors.waits import get_within
-
-    index = min(handles)
-    return get_within(handles[index].health.remote(), 60.0, f"rollout engine {index}'s health (its dtype)")["dtype"]
+    for index in sorted(handles):
+        try:
+            return ray.get(handles[index].health.remote(), timeout=timeout_s)["dtype"]
+        except (ray.exceptions.RayError, TimeoutError):
+            continue
+    return "float32"
 
 
 def rendezvous_address() -> tuple[str, int]:
