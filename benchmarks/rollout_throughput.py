@@ -17,10 +17,12 @@ comparison, the best run of each (`ratio_best`). Medians, because the two sides'
 raw vLLM's front end and engine core float over the cores, so its runs vary more (3,900-5,800
 tokens/s in one run of this benchmark) and its best run is a lucky placement, not its speed.
 
-Weight sync: the model's full state_dict goes to the actor as object-ref buckets
-(`trainer.export_bucket_bytes`), timed by the actor (`weight_sync_s`: fetch, transfer to the
-engine process, layerwise reload); `memcpy_ratio` is weight_sync_s over the time of one plain
-in-process copy of the same bytes.
+Weight sync: the model's weights (a tied lm_head once, as a trainer sends them) go from this
+process to the actor over shared memory (`shm`, buckets of `rollout.weight_bucket_bytes`) through a
+`WeightSender`, timed by the sender (`weight_sync_s`: start_weight_update to finish_weight_update,
+every bucket copied into a segment and loaded by vLLM's layerwise reload), best of `--repeats`
+after one warm-up, with the raw engine stopped; `memcpy_ratio` is weight_sync_s over the time of one
+plain in-process copy of the same bytes (benchmarks/weight_sync.py measures syncs from a trainer rank).
 
     .venv/bin/python benchmarks/rollout_throughput.py [--preset small] [--num-prompts 32]
 
@@ -41,7 +43,7 @@ import time
 import psutil
 import ray
 
-from rlactors.config import RolloutConfig, SamplingConfig, TrainerConfig
+from rlactors.config import RolloutConfig, SamplingConfig
 from rlactors.device import default_dtype, detect_platform, engine_env
 from rlactors.models import build_tiny_model
 from rlactors.types import PromptRequest
@@ -113,15 +115,22 @@ def stopped(processes: list[psutil.Process]):
 
 
 def weight_sync(engine, model_path: str, repeats: int, bucket_bytes: int) -> dict:
-    """Best of `repeats` full-model updates (after one warm-up) and one plain copy of the bytes."""
+    """Best of `repeats` full-model syncs over shm (after one warm-up) and one plain copy of the bytes."""
     import torch
 
     from rlactors.models import load_model
-    from rlactors.rollout.weights import split_into_buckets
+    from rlactors.weight_sync.choice import WeightSyncSettings
+    from rlactors.weight_sync.sender import WeightSender
 
-    state = list(load_model(model_path).state_dict().items())
-    refs = [ray.put(bucket) for bucket in split_into_buckets(state, bucket_bytes)]
-    syncs = [ray.get(engine.update_weights.remote(refs, version)) for version in range(1, repeats + 2)]
+    model = load_model(model_path)
+    tied = model.config.tie_word_embeddings
+    state = [(name, t) for name, t in model.state_dict().items() if not (tied and name == "lm_head.weight")]
+    sender = WeightSender(rank=0)
+    settings = WeightSyncSettings("shm", bucket_bytes, None, call_timeout_s=RolloutConfig().call_timeout_s)
+    syncs = [sender.send(lambda: iter(state), {0: (engine, 0)}, version, settings) for version in range(1, repeats + 2)]
+    sender.shutdown()
+    failed = [sync["failed"] for sync in syncs if sync["failed"]]
+    assert not failed, f"weight syncs failed: {failed}"
     best_sync = min(syncs[1:], key=lambda s: s["weight_sync_s"])  # the first is a warm-up
     targets = [torch.empty_like(t) for _, t in state]
     copy_times = []
@@ -166,7 +175,8 @@ def main() -> None:
     tokens_per_s = expected_tokens / statistics.median(elapsed for _, elapsed in actor)
     raw_tokens_per_s = expected_tokens / statistics.median(elapsed for _, elapsed in raw)
     ratio_best = min(elapsed for _, elapsed in raw) / min(elapsed for _, elapsed in actor)
-    sync = weight_sync(engine, model_path, args.repeats, TrainerConfig().export_bucket_bytes)
+    with stopped(raw_processes):
+        sync = weight_sync(engine, model_path, args.repeats, config.weight_bucket_bytes)
     llm.llm_engine.engine_core.shutdown()
     print("tokens/s per run, raw vLLM:", [round(expected_tokens / elapsed) for _, elapsed in raw],
           "actor:", [round(expected_tokens / elapsed) for _, elapsed in actor])

@@ -34,7 +34,7 @@ class ModelConfig(_Section):
         "model is an error, unless `build_if_missing` is on or the folder is inside pipeline.output_dir: "
         "then a random-init `preset` model is built there.",
     )
-    preset: Literal["tiny", "small"] | None = Field(
+    preset: Literal["tiny", "small", "medium"] | None = Field(
         None,
         description="Size of the random-init model built at `path` when it is allowed to be built "
         "(tiny ~0.3M, small ~3M params); null never builds one.",
