@@ -37,7 +37,7 @@ class ModelConfig(_Section):
     preset: Literal["tiny", "small", "medium"] | None = Field(
         None,
         description="Size of the random-init model built at `path` when it is allowed to be built "
-        "(tiny ~0.3M, small ~3M params); null never builds one.",
+        "(tiny ~0.3M, small ~3M, medium ~110M params); null never builds one.",
     )
     build_if_missing: bool = Field(
         False, description="Build a random-init `preset` model at `path` if that folder is absent or empty "
