@@ -120,8 +120,8 @@ class RolloutConfig(_Section):
         "auto picks by the plan (rlactors.weight_sync.choice).",
     )
     weight_bucket_bytes: int = Field(
-        64 << 20, ge=1 << 16, description="Bytes of weights gathered and sent at a time (a bigger tensor travels "
-        "alone); the extra memory of a sync is about two of these on each side.",
+        64 << 20, ge=1 << 16, description="Bytes of weights gathered and sent at a time; the buffers of a sync "
+        "are about two of these on each side, or of the largest tensor (often the embedding) if bigger.",
     )
     verify_weight_sync: bool = Field(
         False, description="After every weight sync, compare the sha256 of each tensor the engines received with "

@@ -40,7 +40,7 @@ def test_auto_picks_by_device_colocation_and_node(device_kind, colocated, on_sen
 
 @pytest.mark.parametrize(("requested", "device_kind", "colocated", "on_sender_node"), [
     ("nccl", "gpu", False, True),
-    ("nccl", "gpu", True, False),
+    ("nccl", "gpu", False, False),
     ("ipc", "gpu", True, True),
     ("ipc", "gpu", True, False),
     ("shm", "gpu", False, True),
@@ -63,6 +63,7 @@ def test_an_explicit_transport_that_can_work_is_kept(requested, device_kind, col
     ("ipc", "cpu", False, False, "needs GPUs"),
     ("ipc", "gpu", False, True, "colocated"),
     ("ipc", "gpu", False, False, "colocated"),
+    ("nccl", "gpu", True, True, "one NCCL rank per GPU"),
     ("shm", "cpu", False, False, "trainer rank 0's node"),
     ("shm", "cpu", True, False, "trainer rank 0's node"),
     ("shm", "gpu", False, False, "trainer rank 0's node"),

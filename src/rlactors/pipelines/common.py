@@ -137,6 +137,9 @@ def build_run(config: Config, model_path: str | None = None) -> Run:
     init_ray()
     plan = plan_for_cluster(config)  # a run that cannot fit fails here, naming what is missing
     check_visible_everywhere(output_dir, plan)
+    # A transport the plan cannot serve is refused here, before any device is reserved.
+    transport = choose_for_plan(config.rollout.weight_transport, plan, config.rollout.num_engines,
+                                config.pipeline.mode == "colocated")
     placement = Placement.reserve(plan, config.pipeline.placement_timeout_s)
     trainers: dict[str, TrainerGroup] = {}
     router = reward = buffer = builder = None
@@ -153,11 +156,12 @@ def build_run(config: Config, model_path: str | None = None) -> Run:
                 group.offload()
         # Engines restart after a crash (Ray re-runs the constructor, in the same bundles) and the
         # trainer sends them the current weights before they get work again (set_weight_loader below).
-        transport = choose_for_plan(config.rollout.weight_transport, plan, config.rollout.num_engines,
-                                    config.pipeline.mode == "colocated")
         router = RolloutRouter.create(model_path, config.rollout, max_restarts=1, placement=placement,
                                       dtype=config.model.dtype, weight_backend=transport.vllm_backend)
         router.ready()
+        # The dtype weights travel in, once here rather than asked by every trainer rank.
+        engine_dtype = get_within(router.engines[0].health.remote(), router.call_timeout_s,
+                                  "rollout engine 0's health")["dtype"]
         reward = RewardPool(config.reward, max_response_tokens=sampling.max_response_tokens)
         buffer = ReplayBuffer.options(**placement.near("actor")).remote(
             config.buffer, config.pipeline.batch_size_prompts, config.pipeline.trigger_parameter_sync_step,
@@ -169,7 +173,7 @@ def build_run(config: Config, model_path: str | None = None) -> Run:
         raise
     kl_controller = (algorithms.AdaptiveKLController(algorithm.kl_coef, algorithm.kl_target, algorithm.kl_horizon)
                      if algorithm.kl_controller == "adaptive" else algorithms.FixedKLController(algorithm.kl_coef))
-    weight_sync = WeightSyncSettings(transport.transport, config.rollout.weight_bucket_bytes, None,
+    weight_sync = WeightSyncSettings(transport.transport, config.rollout.weight_bucket_bytes, engine_dtype,
                                      config.rollout.call_timeout_s, config.rollout.tensor_parallel_size,
                                      config.rollout.verify_weight_sync)
     actor = trainers["actor"]

@@ -107,6 +107,10 @@ class RolloutEngine:
         self.model_path = str(model_path)
         self.config = config
         self.weight_backend = weight_backend  # vLLM's weight-transfer backend (rlactors.weight_sync.choice)
+        if weight_backend == "ipc":
+            # CUDA IPC handles hold classes and dtypes that vLLM's msgpack channel to its workers
+            # carries only by pickle, which vLLM allows with this set (before it is imported).
+            os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
         self.platform = detect_platform()
         self.error_file = prepare_environment(self.platform, config)  # before vLLM is imported
         self.start_error: str | None = None  # vLLM failed to start: every later call fails with this

@@ -197,8 +197,9 @@ class Replicas:
         if state == LOADING and (is_engine_dead(answer) or isinstance(answer, ray.exceptions.RayActorError)):
             self._fail(index, f"{stage}: {error_text(answer)}", kill=is_engine_dead(answer))  # Ray restarts it if allowed
             return
-        if state == LOADING and isinstance(answer, dict) and index in (answer.get("failed") or {}):
-            self._fail(index, f"{stage}: {answer['failed'][index]}", kill=True)  # its update may be half done
+        if state == LOADING and isinstance(answer, dict) and index not in answer.get("synced", (index,)):
+            # Its update may be half done: a fresh incarnation loads again.
+            self._fail(index, f"{stage}: {(answer.get('failed') or {}).get(index, 'not synced')}", kill=True)
             return
         if isinstance(answer, BaseException):  # no restarts left, or vLLM failed to start again
             self._give_up(index, f"{self.last_errors[index]}; then the {stage} failed: {error_text(answer)}")
@@ -209,11 +210,14 @@ class Replicas:
             self.states[index] = LOADING
             self._loading_version[index] = self.policy_version
             self._revive_by[index] = time.monotonic() + self.call_timeout_s
-            self._revivals[index] = (
-                self.weight_loader({index: (engine, self._incarnations[index])}, self.policy_version)
-                if self.weight_loader is not None
-                else engine.load_state_dict.remote({"policy_version": self.policy_version})
-            )
+            try:
+                self._revivals[index] = (
+                    self.weight_loader({index: (engine, self._incarnations[index])}, self.policy_version)
+                    if self.weight_loader is not None
+                    else engine.load_state_dict.remote({"policy_version": self.policy_version})
+                )
+            except Exception as error:  # the sender cannot be asked (its trainer group is gone)
+                self._give_up(index, f"{self.last_errors[index]}; then no weight load could start: {error}")
             return
         self.states[index] = HEALTHY
         self.loaded_versions[index] = self._loading_version.pop(index, self.policy_version)

@@ -309,12 +309,13 @@ class RolloutRouter:
     def weight_sync_done(self, targets: dict[int, tuple[object, int]], stats: dict) -> None:
         """Record a sync's outcome: each engine it reached holds `stats["policy_version"]`; one it
         failed on is killed (its update may be half done) and revived by Ray with the current weights."""
-        failed = stats.get("failed") or {}
+        failed, synced = stats.get("failed") or {}, set(stats.get("synced", ()))
         for index, (_, incarnation) in targets.items():
-            if index in failed:
-                self.replicas.mark_failed(index, f"weight sync: {failed[index]}", incarnation, kill=True)
-            else:
+            if index in synced:
                 self.replicas.confirm_loaded(index, incarnation, stats["policy_version"])
+            else:
+                reason = failed.get(index) or "the sync did not reach it"
+                self.replicas.mark_failed(index, f"weight sync: {reason}", incarnation, kill=True)
 
     def set_weight_loader(self, loader) -> None:
         """How a revived replica gets the current weights: `loader(targets, policy_version)` returns

@@ -72,7 +72,6 @@ class TrainerGroup:
         self.num_workers = trainer.num_workers
         self.stopped: str | None = None  # why the ranks are gone (a failure, or shutdown)
         self._submit_lock = threading.Lock()
-        self._background: list[ray.ObjectRef] = []  # the ranks' refs of the last `send_weights_ref`
         self.workers = [ray.remote(TrainerWorker).options(**results_in_object_store(
             placement.trainer_options(role, rank) if placement is not None
             else unplaced_options(trainer.num_cpus_per_worker, 1))).remote(rank, self.num_workers, trainer.num_cpus_per_worker)
@@ -205,9 +204,7 @@ class TrainerGroup:
     def send_weights_ref(self, engines: dict, policy_version: int, settings) -> ray.ObjectRef:
         """`send_weights` without waiting: rank 0's ref (the others run alongside; a rank that fails
         leaves rank 0 waiting in a gather, which its collective timeout ends)."""
-        self._background = self._submit("send_weights", lambda rank, w: w.send_weights.remote(
-            engines, policy_version, settings))
-        return self._background[0]
+        return self._submit("send_weights", lambda rank, w: w.send_weights.remote(engines, policy_version, settings))[0]
 
     def save_hf(self, path: str) -> None:
         self._on_all("save_hf", str(path))

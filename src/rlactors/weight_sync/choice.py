@@ -43,6 +43,9 @@ def choose_transport(requested: str, device_kind: str, colocated: bool, engines_
     if requested in ("nccl", "ipc") and not gpu:
         raise ValueError(f"rollout.weight_transport: {requested} needs GPUs, and this run has none; "
                          "use shm or object_store (or auto)")
+    if requested == "nccl" and colocated:
+        raise ValueError("rollout.weight_transport: nccl needs the engines on other GPUs than the trainer (one NCCL "
+                         "rank per GPU), and colocated runs share them; use ipc (or auto)")
     if requested == "ipc" and not colocated:
         raise ValueError("rollout.weight_transport: ipc shares GPU memory, so the engines must be colocated with the "
                          "trainer (pipeline.mode colocated); use nccl for separate device pools")

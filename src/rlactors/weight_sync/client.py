@@ -9,8 +9,9 @@ version: the client carries the version of the sync (`policy_version`).
 
 Failures: an engine that raises, dies or does not answer in time is dropped from the rest of the
 sync and named in `failed` (index -> error); the others go on. NCCL is the exception: its
-broadcast is one collective, so any failure fails the sync. With no engine left the call raises
-`WeightSyncError`, naming each engine's error.
+broadcast is one collective, so any failure a call reports fails the sync (an engine that dies
+inside the broadcast itself is not seen here: see `rlactors.weight_sync.sender`). With no engine
+left the call raises `WeightSyncError`, naming each engine's error.
 """
 
 from __future__ import annotations

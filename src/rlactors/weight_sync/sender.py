@@ -12,12 +12,17 @@ and returns the sync's figures, the other ranks return None.
 
 Verification (`settings.verify`, for tests and on demand): the engines keep the sha256 of each
 tensor they received, and rank 0 compares them with what it sent; an engine with a difference is
-reported in `failed`, naming the tensor, like one that died (the driver restarts it).
+reported in `failed`, naming the tensor, like one that died (the driver restarts it). Only our
+transports keep digests (shm, object_store); with vLLM's `nccl` and `ipc` engines nothing is
+compared, and the engines' `weight_checksums()` can be compared with each other instead.
 
-Engine failures never raise here: an engine that fails leaves the sync and is named in the
-figures' `failed` (with no engine left, every one is); the driver restarts them. Only a failure of
-the trainer side raises. (vLLM's own `nccl` and `ipc` engines keep no
-digests: there the engines' `weight_checksums` are compared with each other.)
+Engine failures do not raise here: an engine that fails leaves the sync and is named in the
+figures' `failed` (with no engine left, or a broken NCCL collective, every one is) and the driver
+restarts it; `synced` lists the engines that hold the new weights. Only a failure of the trainer
+side raises. Limits of vLLM's `nccl` and `ipc` trainer engines, which this wraps as they are: an
+engine that dies mid-broadcast leaves rank 0 in the broadcast until the trainer's call bound
+(`trainer.call_timeout_s`) ends the run, and a sync that breaks off on rank 0 leaves a multi-rank
+trainer's other ranks in their gathers (ours join the gathers before they report).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import torch
 from rlactors.phases import peak_extra_bytes, start_peak_memory
 from rlactors.weight_sync.choice import WeightSyncSettings, nccl_world_size
 from rlactors.weight_sync.client import EngineSyncClient, WeightSyncError
+from rlactors.weight_sync.layout import segment_bytes_for
 from rlactors.weight_sync.source import NamedTensorSource
 from rlactors.weight_sync.trainer_engines import (
     ObjectStoreInitInfo,
@@ -48,9 +54,12 @@ class WeightSender:
     def send(self, named_tensors, engines: dict[int, tuple[object, int]], policy_version: int,
              settings: WeightSyncSettings) -> dict | None:
         key = (tuple(sorted((index, incarnation) for index, (_, incarnation) in engines.items())), settings)
+        if not engines:  # every engine is reviving: each gets the weights when it is back
+            return None if self.rank else {"transport": settings.transport, "policy_version": policy_version,
+                                           "weight_sync_s": 0.0, "weight_bytes": 0, "synced": [], "failed": {}}
         start = time.perf_counter()
         baseline = start_peak_memory()
-        init_s, sending = 0.0, False
+        init_s, sending, broke_off = 0.0, False, None
         try:
             if key != self._key:
                 self._key = None
@@ -64,11 +73,12 @@ class WeightSender:
             init_s = time.perf_counter() - start
             sending = True
             self.engine.send_weights()
-        except WeightSyncError:
-            # No engine left in this sync (each one's error is in `failed`): the driver's to handle,
-            # not a trainer failure. The other ranks are in the gathers, or done with them: the
-            # engine joins them all when a send breaks off; before it started, one pass does.
-            self._key = None
+        except WeightSyncError as error:
+            # The sync reached no engine, or NCCL's collective broke: the driver's to handle (each
+            # engine is reported failed), not a trainer failure. The other ranks are in the gathers,
+            # or done with them: our engines join them all when a send breaks off; before a send
+            # started, one pass does. (vLLM's nccl and ipc engines do not: see the module docstring.)
+            self._key, broke_off = None, str(error)
             if not sending:
                 for _ in self.source:
                     pass
@@ -77,8 +87,11 @@ class WeightSender:
             raise
         if self.rank != 0:
             return None
-        if settings.verify and self.client.live:
+        if settings.verify and broke_off is None and self.client.live:
             self._verify()
+        synced = [] if broke_off is not None else sorted(set(self.client.live) & set(engines))
+        failed = {index: (self.client.failed.get(index) if self.client is not None else None) or broke_off
+                  for index in engines if index not in synced}
         elapsed = time.perf_counter() - start
         num_bytes = getattr(self.engine, "num_bytes", None) or self._metadata_bytes()
         return {
@@ -91,8 +104,8 @@ class WeightSender:
             "num_buckets": len(getattr(self.engine, "buckets", ())) or None,
             "num_tensors": len(self.source.metadata()),
             "peak_extra_bytes": peak_extra_bytes(baseline),
-            "synced": sorted(self.client.live),
-            "failed": dict(self.client.failed),
+            "synced": synced,
+            "failed": failed,
         }
 
     def _init(self, named_tensors, handles: dict, settings: WeightSyncSettings, policy_version: int) -> None:
@@ -100,10 +113,15 @@ class WeightSender:
 
         register_trainer_engines()
         if self.rank == 0 and self.client is not None and self.client.transport == "nccl":
-            # The engines of the last group leave it before a new one forms (each holds a communicator).
+            # The engines of the last group leave it before a new one forms (each holds a
+            # communicator); best effort: an engine of it that died holds nothing.
             self.client.begin(policy_version)
-            self.client.call("shutdown_weight_transfer")
+            try:
+                self.client.call("shutdown_weight_transfer")
+            except WeightSyncError:
+                pass
         self.shutdown()
+        self.client = None
         dtype = settings.dtype or engine_dtype(handles, settings.call_timeout_s)
         self.source = NamedTensorSource(named_tensors, getattr(torch, dtype))
         self.client = EngineSyncClient(handles, settings.transport, settings.call_timeout_s, settings.workers_per_engine)
@@ -120,18 +138,22 @@ class WeightSender:
         if settings.transport == "ipc":
             from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
 
-            return IPCTrainerInitInfo(rank=self.rank, packed=True, packed_buffer_size_bytes=settings.bucket_bytes)
+            return IPCTrainerInitInfo(rank=self.rank, packed=True, packed_buffer_size_bytes=self._buffer_bytes(settings))
         if settings.transport == "nccl":
             from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
             address, port = rendezvous_address() if self.rank == 0 else ("", 0)
             return NCCLTrainerInitInfo(rank=self.rank, master_address=address, master_port=port,
                                        world_size=nccl_world_size(num_engines, settings.workers_per_engine),
-                                       packed=True, packed_buffer_size_bytes=settings.bucket_bytes)
+                                       packed=True, packed_buffer_size_bytes=self._buffer_bytes(settings))
         raise ValueError(f"unknown weight transport {settings.transport!r}")
 
+    def _buffer_bytes(self, settings: WeightSyncSettings) -> int:
+        """vLLM's packed buffers must hold the largest tensor (an embedding often outgrows a bucket)."""
+        return segment_bytes_for([(m.name, m.dtype, m.shape) for m in self.source.metadata()], settings.bucket_bytes)
+
     def _verify(self) -> None:
-        sent = self.engine.sent_digests
+        sent = getattr(self.engine, "sent_digests", None)
         if not sent:
             return  # vLLM's engines keep none
         for index, received in self.client.call("received_digests").items():

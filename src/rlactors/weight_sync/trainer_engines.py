@@ -196,7 +196,7 @@ class ObjectStoreTrainerEngine(_BucketedEngine):
 
 def segment_folder(num_bytes: int) -> str:
     """/dev/shm when it has room for the segments (containers often give it 64 MB), else the temp dir."""
-    if os.path.isdir(SHM_FOLDER) and shutil.disk_usage(SHM_FOLDER).free > 2 * num_bytes:
+    if os.path.isdir(SHM_FOLDER) and shutil.disk_usage(SHM_FOLDER).free > num_bytes + (64 << 20):
         return SHM_FOLDER
     return tempfile.gettempdir()
 
