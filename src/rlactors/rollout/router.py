@@ -25,7 +25,10 @@ older than the one it held, and it is failed like the others (that group is not 
 requests a failed replica had not returned are re-sent to live replicas from scratch. If replicas
 were created with
 `max_restarts > 0`, Ray restarts a failed one; the router then has the current weights loaded into it
-(`set_weight_loader`: in a run, a sync from the trainer; no copy is kept) before it gets work again. A
+(`set_weight_loader`: in a run, a sync from the trainer; no copy is kept) before it gets work again.
+In async mode that sync may run after an update the driver has not published yet: the replica then
+holds weights newer than the version they are labelled with, so its tokens' staleness is counted
+high, never low. The load must finish within `call_timeout_s`, queued trainer work included. A
 replica that does not come back within `start_timeout_s` is given up. Once no replica is live and
 none is coming back, `NoLiveEngineError` names each replica, its state, failures and last error.
 A request the engine itself refuses (a prompt too long, bad token ids) comes back as a Group of
