@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import contextlib
 import json
 import shutil
 import statistics
@@ -52,6 +51,7 @@ import time
 import psutil
 import ray
 import torch
+from rollout_throughput import stopped, vllm_processes  # this folder: the script's own
 
 from rlactors.config import RolloutConfig, TrainerConfig
 from rlactors.models import PRESETS, build_tiny_model, load_model
@@ -60,25 +60,6 @@ from rlactors.weight_sync.choice import WeightSyncSettings
 TRANSPORTS = ("shm", "object_store")
 
 
-def vllm_processes(pid: int) -> list[psutil.Process]:
-    """The vLLM engine-core and worker processes started by process `pid` (an engine actor)."""
-    found = []
-    for child in psutil.Process(pid).children():
-        if child.name().startswith("VLLM::"):
-            found += [child, *child.children(recursive=True)]
-    return found
-
-
-@contextlib.contextmanager
-def stopped(processes: list[psutil.Process]):
-    """SIGSTOP `processes` for the duration, so idle engines cannot preempt the one being timed."""
-    for process in processes:
-        process.suspend()
-    try:
-        yield
-    finally:
-        for process in processes:
-            process.resume()
 
 
 def instrument(worker) -> None:
