@@ -199,7 +199,8 @@ class Replicas:
             return
         if state == LOADING and isinstance(answer, dict) and index not in answer.get("synced", (index,)):
             # Its update may be half done: a fresh incarnation loads again.
-            self._fail(index, f"{stage}: {(answer.get('failed') or {}).get(index, 'not synced')}", kill=True)
+            self._fail(index, f"{stage}: {(answer.get('failed') or {}).get(index, 'not synced')}",
+                       kill=index not in answer.get("actor_died", ()))
             return
         if isinstance(answer, BaseException):  # no restarts left, or vLLM failed to start again
             self._give_up(index, f"{self.last_errors[index]}; then the {stage} failed: {error_text(answer)}")

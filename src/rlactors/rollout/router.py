@@ -311,14 +311,17 @@ class RolloutRouter:
 
     def weight_sync_done(self, targets: dict[int, tuple[object, int]], stats: dict) -> None:
         """Record a sync's outcome: each engine it reached holds `stats["policy_version"]`; one it
-        failed on is killed (its update may be half done) and revived by Ray with the current weights."""
+        failed on is killed unless its actor died (its update may be half done) and revived by Ray
+        with the current weights."""
         failed, synced = stats.get("failed") or {}, set(stats.get("synced", ()))
         for index, (_, incarnation) in targets.items():
             if index in synced:
                 self.replicas.confirm_loaded(index, incarnation, stats["policy_version"])
             else:
+                # An actor that died is being restarted by Ray already: a kill would cost a restart.
                 reason = failed.get(index) or "the sync did not reach it"
-                self.replicas.mark_failed(index, f"weight sync: {reason}", incarnation, kill=True)
+                self.replicas.mark_failed(index, f"weight sync: {reason}", incarnation,
+                                          kill=index not in stats.get("actor_died", ()))
 
     def set_weight_loader(self, loader) -> None:
         """How a revived replica gets the current weights: `loader(targets, policy_version)` returns

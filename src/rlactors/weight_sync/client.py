@@ -36,12 +36,14 @@ class EngineSyncClient:
         self.workers_per_engine = workers_per_engine
         self.policy_version = 0  # set before each sync
         self.failed: dict[int, str] = {}
+        self.actor_died: set[int] = set()
         self.live = sorted(self.engines)
 
     def begin(self, policy_version: int) -> None:
         """A new sync, labelled `policy_version`, to every engine of the client."""
         self.policy_version = policy_version
         self.failed = {}
+        self.actor_died: set[int] = set()  # failed engines whose actor itself died
         self.live = sorted(self.engines)
 
     # ---- vLLM's VLLMWeightSyncClient protocol
@@ -83,6 +85,8 @@ class EngineSyncClient:
                 results[index] = ray.get(ref)
             except Exception as error:  # the engine raised or died: it leaves this sync
                 self._fail(index, f"{method}: {error_text(error)}")
+                if isinstance(error, ray.exceptions.RayActorError):
+                    self.actor_died.add(index)  # Ray restarts it if it may: a kill now would cost a restart
         if self.failed and (not self.live or self.transport == "nccl"):
             raise WeightSyncError(f"weight sync (policy_version {self.policy_version}) failed: " + "; ".join(
                 f"engine {index}: {error}" for index, error in sorted(self.failed.items())))

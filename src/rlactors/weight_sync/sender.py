@@ -18,7 +18,8 @@ compared, and the engines' `weight_checksums()` can be compared with each other 
 
 Engine failures do not raise here: an engine that fails leaves the sync and is named in the
 figures' `failed` (with no engine left, or a broken NCCL collective, every one is) and the driver
-restarts it; `synced` lists the engines that hold the new weights. Only a failure of the trainer
+restarts it; `synced` lists the engines that hold the new weights, `actor_died` the failed ones
+whose actor died (Ray restarts those; the others are killed first). Only a failure of the trainer
 side raises. Limits of vLLM's `nccl` and `ipc` trainer engines, which this wraps as they are: an
 engine that dies mid-broadcast leaves rank 0 in the broadcast until the trainer's call bound
 (`trainer.call_timeout_s`) ends the run, and a sync that breaks off on rank 0 leaves a multi-rank
@@ -106,6 +107,7 @@ class WeightSender:
             "peak_extra_bytes": peak_extra_bytes(baseline),
             "synced": synced,
             "failed": failed,
+            "actor_died": sorted(self.client.actor_died & set(failed)) if self.client is not None else [],
         }
 
     def _init(self, named_tensors, handles: dict, settings: WeightSyncSettings, policy_version: int) -> None:
