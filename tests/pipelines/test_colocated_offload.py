@@ -48,7 +48,7 @@ def test_offload_keeps_the_phase_order_on_every_actor_and_changes_no_metric(ray_
         assert labels(engine) == ["generate", *ENGINE_STEP[1:], *ENGINE_STEP] + ["generate"]
         assert all(entry["memory"]["host_rss_bytes"] > 0 for entry in engine)  # the vLLM worker's
         # Across processes (one host, one monotonic clock), step by step: the engines sleep before
-        # any trainer comes back, the weights are woken and loaded after the export, and the KV
+        # any trainer comes back, the weights are woken and loaded during the export, and the KV
         # cache wakes only once every trainer rank is off the device again.
         sleeps, wake_weights, loads = times(engine, "sleep"), times(engine, "wake_up", ("weights",)), \
             times(engine, "load_weights")
@@ -59,8 +59,11 @@ def test_offload_keeps_the_phase_order_on_every_actor_and_changes_no_metric(ray_
                     onload, offload = times(log, "onload")[step], times(log, "offload")[step + 1]
                     assert sleeps[step] < onload < offload < wake_kv[step], (role, step)
                     assert loads[step] < offload, (role, step)
+            # The trainer drives the sync: the engine wakes its weights and loads them after the
+            # update and before the trainer's export (recorded as the sync returns) is over.
+            updated = times(logs["actor"][0], "update_policy")[step]
             exported = times(logs["actor"][0], "export_weights")[step]
-            assert exported < wake_weights[step] < loads[step] < wake_kv[step]
+            assert updated < wake_weights[step] < loads[step] < exported < wake_kv[step]
             assert not [g for g in generates if sleeps[step] < g < wake_kv[step]]
 
     assert [h["step"] for h in offloaded] == [h["step"] for h in resident] == [0, 1, 2]
