@@ -27,6 +27,7 @@ from rlactors.buffer.ledger_log import LEDGER_FOLDER
 from rlactors.buffer.records import SampledBatchRef
 from rlactors.config import Config, dump_config
 from rlactors.data import PromptDataset, to_request
+from rlactors.device import default_dtype
 from rlactors.metrics import MetricsLogger, plot_metrics
 from rlactors.models import ensure_run_model, load_tokenizer
 from rlactors.pipelines.batch_builder import BatchBuilder
@@ -159,9 +160,6 @@ def build_run(config: Config, model_path: str | None = None) -> Run:
         router = RolloutRouter.create(model_path, config.rollout, max_restarts=1, placement=placement,
                                       dtype=config.model.dtype, weight_backend=transport.vllm_backend)
         router.ready()
-        # The dtype weights travel in, once here rather than asked by every trainer rank.
-        engine_dtype = get_within(router.engines[0].health.remote(), router.call_timeout_s,
-                                  "rollout engine 0's health")["dtype"]
         reward = RewardPool(config.reward, max_response_tokens=sampling.max_response_tokens)
         buffer = ReplayBuffer.options(**placement.near("actor")).remote(
             config.buffer, config.pipeline.batch_size_prompts, config.pipeline.trigger_parameter_sync_step,
@@ -173,6 +171,10 @@ def build_run(config: Config, model_path: str | None = None) -> Run:
         raise
     kl_controller = (algorithms.AdaptiveKLController(algorithm.kl_coef, algorithm.kl_target, algorithm.kl_horizon)
                      if algorithm.kl_controller == "adaptive" else algorithms.FixedKLController(algorithm.kl_coef))
+    # The dtype weights travel in: the engines' (what `auto` means where they run), known here
+    # without asking an engine (one may be restarting) and not asked by every trainer rank.
+    engine_dtype = (config.model.dtype if config.model.dtype != "auto"
+                    else default_dtype("cpu" if plan.cluster.device_kind == "cpu" else "cuda"))
     weight_sync = WeightSyncSettings(transport.transport, config.rollout.weight_bucket_bytes, engine_dtype,
                                      config.rollout.call_timeout_s, config.rollout.tensor_parallel_size,
                                      config.rollout.verify_weight_sync)
