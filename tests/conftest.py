@@ -45,3 +45,14 @@ class RunsCode:
 
     def __reduce__(self):
         return open, (self.marker, "w")
+
+
+def reference_greedy(model, prompt_ids, num_tokens):
+    """Argmax decoding with transformers, EOS included like vLLM's ignore_eos (no EOS masking)."""
+    import torch
+
+    ids = list(prompt_ids)
+    with torch.no_grad():
+        for _ in range(num_tokens):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt_ids):]

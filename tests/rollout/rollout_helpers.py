@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import torch
+from conftest import reference_greedy  # noqa: F401  (the rollout tests' import point)
 
 from rlactors.types import PromptRequest
 
@@ -26,15 +27,6 @@ def reference_logprobs(model, prompt_ids, response_ids, temperature):
         logits = model(ids).logits[0, len(prompt_ids) - 1 : -1].double()
     logprobs = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
     return logprobs.gather(-1, torch.tensor(response_ids)[:, None])[:, 0]
-
-
-def reference_greedy(model, prompt_ids, num_tokens):
-    """Argmax decoding with transformers, EOS included like vLLM's ignore_eos (no EOS masking)."""
-    ids = list(prompt_ids)
-    with torch.no_grad():
-        for _ in range(num_tokens):
-            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt_ids):]
 
 
 def perturb_and_send(engine, model, policy_version, seed, transport="shm", verify=True):

@@ -15,6 +15,7 @@ import time
 import psutil
 import pytest
 import torch
+from conftest import reference_greedy
 
 from rlactors.config import RolloutConfig, SamplingConfig
 from rlactors.types import PromptRequest
@@ -69,14 +70,6 @@ def collect(engine, requests, sampling):
 
     return {group.prompt_id: group for group in (ray.get(ref, timeout=120)
                                                   for ref in engine.generate.remote(requests, sampling))}
-
-
-def reference_greedy(model, prompt_ids, num_tokens):
-    ids = list(prompt_ids)
-    with torch.no_grad():
-        for _ in range(num_tokens):
-            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt_ids):]
 
 
 def reference_logprobs(model, prompt_ids, response_ids):
