@@ -11,6 +11,7 @@ from rlactors.weight_sync.layout import (
     Entry,
     aligned,
     bucket_info,
+    layer_of,
     plan_buckets,
     segment_bytes_for,
     tensor_bytes,
@@ -95,6 +96,43 @@ def test_plans_hold_for_many_segment_sizes(segment_bytes):
     for before, after in zip(buckets, buckets[1:], strict=False):
         last = before[-1]
         assert aligned(last.offset + last.num_bytes) + after[0].num_bytes > segment_bytes
+
+
+def decoder_metas(num_layers: int = 2) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+    """An HF decoder's order: the embedding, each layer's four 32-byte tensors, the final norm."""
+    layers = [(f"model.layers.{layer}.{part}.weight", torch.float32, (8,))
+              for layer in range(num_layers) for part in ("q", "k", "v", "mlp")]
+    return [("model.embed_tokens.weight", torch.float32, (10,)), *layers, ("model.norm.weight", torch.float32, (2,))]
+
+
+def test_layer_of_is_the_decoder_layer_or_the_weight_itself():
+    assert layer_of("model.layers.12.self_attn.q_proj.weight") == "model.layers.12"
+    assert layer_of("model.language_model.layers.3.mlp.up_proj.weight") == "model.language_model.layers.3"
+    assert layer_of("model.layers.1") == "model.layers.1"  # no dot after the index: a weight of its own
+    assert layer_of("model.embed_tokens.weight") == "model.embed_tokens.weight"
+    assert layer_of("lm_head.weight") == "lm_head.weight"
+
+
+def test_a_layer_that_fits_a_bucket_of_its_own_never_straddles_two():
+    # A layer takes 3 * 64 + 32 = 224 bytes; after the embedding (40 bytes at 0) it would start at
+    # 64 and end at 288 > 256, so it opens the next bucket instead of splitting after its k.
+    metas = decoder_metas()
+    buckets = plan_buckets(metas, 256)
+    check_plan(buckets, metas, 256)
+    assert [[entry.name.rsplit(".", 2)[-2] for entry in bucket] for bucket in buckets] == [
+        ["embed_tokens"], ["q", "k", "v", "mlp"], ["q", "k", "v", "mlp"], ["norm"]]
+    for bucket in buckets:
+        assert len({layer_of(entry.name) for entry in bucket}) == 1
+    # With room for the embedding and a whole layer, they share a bucket.
+    assert [len(bucket) for bucket in plan_buckets(metas, 320)] == [5, 5]
+
+
+def test_a_layer_bigger_than_a_bucket_is_split_greedily():
+    metas = decoder_metas(num_layers=1)
+    buckets = plan_buckets(metas, 128)  # a layer (224 bytes) cannot travel whole
+    check_plan(buckets, metas, 128)
+    # The embedding and q, k and v, the mlp and the norm: a split layer packs like any tensors.
+    assert [len(bucket) for bucket in buckets] == [2, 2, 2]
 
 
 def test_a_tensor_bigger_than_the_segment_raises_naming_it():

@@ -193,6 +193,30 @@ def test_repeated_syncs_over_shm_match_transformers_and_object_store(engines, po
     check_sampled_logprobs(store_engine, policy)
 
 
+def test_whole_layer_buckets_load_straight_from_the_segments(engines, policy):
+    """Buckets big enough for a decoder layer (of the tiny model's ~0.6 MB) hold whole layers: the
+    engine loads every layer from views of the segment (the 256 KiB syncs above split layers across
+    buckets, and the engine kept those layers' first tensors past their segment's refill)."""
+    from rlactors.weight_sync.layout import layer_of
+    from rlactors.weight_sync.sender import WeightSender
+
+    shm_engine, store_engine = engines
+    pairs = policy.step(4, engines)
+    sender = WeightSender(rank=0)
+    bucket_bytes = 1 << 20
+    stats = sender.send(lambda: iter(policy.pairs()), {0: (shm_engine, 0)}, policy.version,
+                        WeightSyncSettings("shm", bucket_bytes, "float32", call_timeout_s=120.0, verify=True))
+    assert stats["failed"] == {} and stats["synced"] == [0], stats
+    num_layers = len({layer_of(name) for name, _ in pairs if ".layers." in name})
+    assert 2 <= stats["num_buckets"] <= num_layers + 2  # more than one: both segments in use
+    check_greedy(shm_engine, policy)
+    check_sampled_logprobs(shm_engine, policy)
+    stats = WeightSender(rank=0).send(lambda: iter(policy.pairs()), {0: (store_engine, 0)}, policy.version,
+                                      settings("object_store"))
+    assert stats["synced"] == [0], stats
+    assert checksums(shm_engine) == checksums(store_engine)
+
+
 @pytest.mark.parametrize("transport", ["shm", "object_store"])
 def test_verify_names_a_tensor_that_differs_from_what_was_sent(engines, policy, transport, monkeypatch):
     """The sender's digest of the third tensor is wrong: each engine is failed, naming that tensor."""

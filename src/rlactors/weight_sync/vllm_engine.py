@@ -6,8 +6,9 @@ vLLM builds it from `weight_transfer_config={"backend": "rlactors"}` once the mo
 two forms, each an update of the same protocol GPUs use (`init_weight_transfer_engine`, then per
 sync `start_weight_update` / `update_weights` per bucket / `finish_weight_update`):
 - shared memory (`shm`): `init` maps the sender's segment files; an update names a segment and the
-  name, dtype, shape and offset of each tensor in it (`rlactors.weight_sync.layout`); each tensor
-  is cloned out before loading, since the sender refills the segment two buckets later;
+  name, dtype, shape and offset of each tensor in it (`rlactors.weight_sync.layout`); the model
+  loads straight from views of the segment, and only tensors of layers the bucket left incomplete
+  are cloned out (see `clone_pending`), since the sender refills the segment two buckets later;
 - inline (`object_store`): an update carries each tensor's bytes (the engine actor fetched the
   bucket from Ray's object store and passed its bytes on).
 Either way the tensors are HF-named and go through the model's own `load_weights` inside vLLM's
@@ -109,16 +110,16 @@ class RlactorsWeightTransferEngine(WeightTransferEngine[RlactorsInitInfo, Rlacto
             if not 0 <= update_info.segment < len(self.segments):
                 raise ValueError(f"weight update names segment {update_info.segment}, and this engine mapped "
                                  f"{len(self.segments)} (init_weight_transfer_engine first)")
-            # Cloned out of the segment: vLLM's layerwise reload keeps the tensors of a layer until
-            # the layer is complete, which may be after the sender has refilled the segment.
-            tensors = [(name, view.clone()) for name, view in views(self.segments[update_info.segment], {
-                "names": update_info.names, "dtype_names": update_info.dtype_names,
-                "shapes": update_info.shapes, "offsets": update_info.offsets})]
+            segment = self.segments[update_info.segment]
+            tensors = views(segment, {"names": update_info.names, "dtype_names": update_info.dtype_names,
+                                      "shapes": update_info.shapes, "offsets": update_info.offsets})
         else:
-            tensors = inline_tensors(update_info)
+            segment, tensors = None, inline_tensors(update_info)
         if update_info.digest:
             self.received_digests.update((name, digest(tensor)) for name, tensor in tensors)
         self.model.load_weights(iter(tensors))
+        if segment is not None:
+            clone_pending(self.model, segment)
 
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
@@ -128,6 +129,29 @@ class RlactorsWeightTransferEngine(WeightTransferEngine[RlactorsInitInfo, Rlacto
 
     def shutdown(self) -> None:
         self.segments = []
+
+
+def clone_pending(model, segment: torch.Tensor) -> int:
+    """Clone out of `segment` what vLLM's layerwise reload still holds of it; returns the count.
+
+    The reload buffers each tensor a layer receives until the layer has all of its weights, then
+    loads, processes and drops them (`online_process_loader` in vLLM's `reload/layerwise.py`). The
+    sender cuts buckets at decoder-layer boundaries (`rlactors.weight_sync.layout.plan_buckets`), so
+    after a bucket most layers are done and nothing of the segment is held; a layer split across
+    buckets (one bigger than a bucket, or weights of no layer prefix) is held here, and its tensors
+    must outlive the segment's next refill."""
+    from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
+
+    storage = segment.untyped_storage().data_ptr()
+    count = 0
+    for layer in model.modules():
+        info = LAYERWISE_INFO.get(layer)
+        for _, bound in (info.loaded_weights if info is not None else ()):
+            for key, value in bound.arguments.items():
+                if isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() == storage:
+                    bound.arguments[key] = value.clone()
+                    count += 1
+    return count
 
 
 def refresh_tied_head(model) -> None:
