@@ -28,7 +28,12 @@ trainer rank's setting). `memcpy_ratio` is the median shm sync over the memcpy,
 `small` preset (~3M parameters). After the timed syncs one sync per transport runs with
 verification on (sha256 of every tensor on both sides), so the figures are of syncs that arrive.
 
-    .venv/bin/python benchmarks/weight_sync.py [--num-syncs 5] [--bucket-bytes N] [--breakdown]
+    .venv/bin/python benchmarks/weight_sync.py [--num-syncs 5] [--bucket-bytes N] [--reload-floors 5] [--breakdown]
+
+The floor under any transport: `reload_floor_s` is vLLM's own layerwise reload of the same
+tensors inside one process (`vllm.LLM` with its engine in-process, no Ray, nothing else running;
+tensors already in memory, as the shm engine sees them), and `reload_floor_memcpy_ratio` is that
+over a plain copy timed in the same process.
 
 `--breakdown` times the pieces of each sync on the trainer rank (the engine calls, the gathers,
 the sender's waits for the engine; the sender's own copying is the rest) and reports their medians.
@@ -43,8 +48,11 @@ from __future__ import annotations
 import argparse
 import atexit
 import json
+import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -183,15 +191,15 @@ class Sender:
             ray.kill(engine)
 
 
-def sent_tensors(model_path: str) -> list[torch.Tensor]:
-    """The tensors a trainer sends of this model: its state dict, a tied lm_head once (as the embedding)."""
+def sent_tensors(model_path: str) -> list[tuple[str, torch.Tensor]]:
+    """What a trainer sends of this model: its state dict, a tied lm_head once (as the embedding)."""
     model = load_model(model_path)
-    seen, tensors = set(), []
-    for tensor in model.state_dict().values():
+    seen, named = set(), []
+    for name, tensor in model.state_dict().items():
         if tensor.data_ptr() not in seen:
             seen.add(tensor.data_ptr())
-            tensors.append(tensor)
-    return tensors
+            named.append((name, tensor))
+    return named
 
 
 def memcpy_s(sources: list[torch.Tensor], targets: list[torch.Tensor], num_threads: int | None = None) -> float:
@@ -208,6 +216,44 @@ def memcpy_s(sources: list[torch.Tensor], targets: list[torch.Tensor], num_threa
         torch.set_num_threads(previous)
 
 
+def reload_floor(model_path: str, num_reloads: int) -> dict:
+    """In this process (started for it: vLLM's engine runs in-process only when told before import),
+    time vLLM's layerwise reload of the model's own tensors, and a plain copy of them, alternately."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm import LLM
+
+    from rlactors.rollout.vllm_args import engine_kwargs
+
+    llm = LLM(**engine_kwargs(model_path, RolloutConfig(max_model_len=256), "cpu", "float32", seed=0))
+    named = sent_tensors(model_path)
+    sources = [tensor for _, tensor in named]
+    targets = [torch.empty_like(tensor) for tensor in sources]
+
+    def reloads(worker) -> list[float]:
+        from vllm.model_executor.model_loader.reload import (
+            finalize_layerwise_reload,
+            initialize_layerwise_reload,
+        )
+
+        from rlactors.weight_sync.vllm_engine import refresh_tied_head
+
+        model, times = worker.model_runner.model, []
+        for _ in range(num_reloads + 1):  # the first is a warm-up
+            start = time.perf_counter()
+            initialize_layerwise_reload(model)
+            model.load_weights(iter(named))
+            finalize_layerwise_reload(model, worker.model_config)
+            refresh_tied_head(model)
+            times.append(time.perf_counter() - start)
+            times.append(memcpy_s(sources, targets))
+        return times
+
+    times = llm.collective_rpc(reloads)[0][2:]
+    reload_s, copy_s = statistics.median(times[0::2]), min(times[1::2])
+    return {"reload_floor_s": round(reload_s, 4), "reload_floor_memcpy_s": round(copy_s, 4),
+            "reload_floor_memcpy_ratio": round(reload_s / copy_s, 2)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="medium", choices=sorted(PRESETS), help="the model of the timed syncs")
@@ -216,7 +262,12 @@ def main() -> None:
     parser.add_argument("--small-syncs", type=int, default=5, help="timed shm syncs of the small preset (0: none)")
     parser.add_argument("--breakdown", action="store_true", help="time the pieces of each sync on the trainer rank")
     parser.add_argument("--trainer-cpu-cores", default=None, help="comma-separated cores to pin the trainer rank to")
+    parser.add_argument("--reload-floors", type=int, default=5, help="timed in-process vLLM reloads (0: none)")
+    parser.add_argument("--reload-floor-of", default=None, help=argparse.SUPPRESS)  # the floor's own process
     args = parser.parse_args()
+    if args.reload_floor_of:
+        print(json.dumps(reload_floor(args.reload_floor_of, args.reload_floors)))
+        return
     began = time.perf_counter()
 
     root = tempfile.mkdtemp(prefix="weight-sync-")
@@ -226,7 +277,7 @@ def main() -> None:
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     trainer_cores = [int(core) for core in args.trainer_cpu_cores.split(",")] if args.trainer_cpu_cores else None
     sender = Sender(model_path, TRANSPORTS, args.bucket_bytes, rollout, args.breakdown, trainer_cores)
-    sources = sent_tensors(model_path)
+    sources = [tensor for _, tensor in sent_tensors(model_path)]
     targets = [torch.empty_like(tensor) for tensor in sources]
     memcpy_bytes = sum(t.numel() * t.element_size() for t in sources)
 
@@ -253,6 +304,11 @@ def main() -> None:
         small.shutdown()
         small_syncs, small_bytes = [s["weight_sync_s"] for s in small_stats], small_stats[0]["weight_bytes"]
     ray.shutdown()
+    floor = {}
+    if args.reload_floors:  # after every engine is gone: the floor's process has the machine to itself
+        command = [sys.executable, __file__, "--reload-floor-of", model_path, "--reload-floors", str(args.reload_floors)]
+        floor = json.loads(subprocess.run(command, check=True, capture_output=True, text=True,
+                                          timeout=900).stdout.strip().splitlines()[-1])
 
     weight_bytes = syncs["shm"][0]["weight_bytes"]
     assert weight_bytes == memcpy_bytes, (weight_bytes, memcpy_bytes)
@@ -278,6 +334,9 @@ def main() -> None:
     print(f"memcpy: best {memcpy:.3f} s ({weight_bytes / memcpy / 1e9:.2f} GB/s), "
           f"one thread {min(copies_1_thread):.3f} s; small model over shm: "
           + (f"{statistics.median(small_syncs):.3f} s" if small_syncs else "not run"))
+    if floor:
+        print(f"vLLM's own reload in one process: {floor['reload_floor_s']:.3f} s, "
+              f"{floor['reload_floor_memcpy_ratio']:.1f}x that process's memcpy ({floor['reload_floor_memcpy_s']:.3f} s)")
     result = {
         "memcpy_ratio": round(median["shm"] / memcpy, 2),
         "object_store_memcpy_ratio": round(median["object_store"] / memcpy, 2),
@@ -291,6 +350,7 @@ def main() -> None:
             for phase, before, after in (("first_sync", resident[0], resident[1]),
                                          ("timed_syncs", resident[1], resident[2]))}
            for kind in ("rss", "uss")},
+        **floor,
         "sync_s": round(statistics.median(small_syncs), 4) if small_syncs else None,
         "small_weight_bytes": small_bytes if small_syncs else None,
         "weight_bytes": weight_bytes,
