@@ -29,6 +29,7 @@ from rlactors.pipelines.common import (
     prepare_batch,
     produce,
     sync_weights,
+    timed,
     update,
 )
 from rlactors.trainer.group import TrainerGroup
@@ -91,16 +92,19 @@ def run_colocated(config: Config, model_path: str | None = None) -> list[dict]:
             start = time.perf_counter()
             sampled = fill_batch(run, config.pipeline.batch_size_prompts)
             generated = time.perf_counter()
-            run.router.sleep()  # frees KV cache and weights on GPU; only a state change on CPU
+            timings: dict[str, float] = {}
+            with timed(timings, "sleep"):
+                run.router.sleep()  # frees KV cache and weights on GPU; only a state change on CPU
             onloaded = onload_trainers(run) if offload else {}
             batch, metrics = prepare_batch(run, sampled)
-            metrics |= onloaded | update(run, batch)
+            metrics |= timings | onloaded | update(run, batch)
             ask_buffer(run, "ack", sampled.batch_id)
             updated = time.perf_counter()
             metrics |= sync_weights(run)  # wakes the sleeping engines' weights and loads the new ones
             if offload:
                 metrics |= offload_trainers(run)  # the device is the engines' again
-            run.router.wake_up()  # the KV cache; generation resumes
+            with timed(metrics, "wake_up"):
+                run.router.wake_up()  # the KV cache; generation resumes
             timings = {"step": time.perf_counter() - start, "gen": generated - start, "update": updated - generated}
             history.append(end_step(run, logger, sampled, metrics, timings))
         save_phase_logs(run)

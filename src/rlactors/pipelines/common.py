@@ -11,6 +11,7 @@ metrics and counts (`benchmarks/driver_bytes.py` measures it).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import time
@@ -25,7 +26,7 @@ from rlactors import algorithms, preflight
 from rlactors.buffer import ReplayBuffer
 from rlactors.buffer.ledger_log import LEDGER_FOLDER
 from rlactors.buffer.records import SampledBatchRef
-from rlactors.config import Config, dump_config
+from rlactors.config import Config, TrainerConfig, dump_config
 from rlactors.data import PromptDataset, to_request
 from rlactors.device import default_dtype
 from rlactors.metrics import MetricsLogger, plot_metrics
@@ -118,6 +119,17 @@ def requests_for(rows, tokenizer, config: Config) -> list[PromptRequest]:
     return [to_request(row, tokenizer, config.data.chat_template, config.data.max_prompt_tokens) for row in rows]
 
 
+def trainer_settings(config: Config, device_kind: str) -> TrainerConfig:
+    """The trainer settings the run's ranks get: on CPU in colocated mode a one-rank trainer left
+    unpinned (`trainer.cpu_cores` null) uses every core its process may use, since the engines
+    sleep while it trains; with one thread per reserved CPU it would leave the others idle."""
+    trainer = config.trainer
+    if (device_kind == "cpu" and config.pipeline.mode == "colocated" and trainer.cpu_cores is None
+            and trainer.num_workers == 1):
+        return trainer.model_copy(update={"cpu_cores": "all"})
+    return trainer
+
+
 def build_run(config: Config, model_path: str | None = None) -> Run:
     """Validate data, build the model if asked, plan the run on the cluster and reserve its
     devices, then start every actor the config needs in its place."""
@@ -147,8 +159,9 @@ def build_run(config: Config, model_path: str | None = None) -> Run:
     try:
         algorithm, sampling = config.algorithm, config.rollout.sampling
         norm_tokens = algorithm.loss_norm_tokens or sampling.max_response_tokens
+        trainer_config = trainer_settings(config, plan.cluster.device_kind)
         for role in trainer_roles(config):
-            trainers[role] = TrainerGroup(role, model_path, config.trainer, algorithm, seed=config.pipeline.seed,
+            trainers[role] = TrainerGroup(role, model_path, trainer_config, algorithm, seed=config.pipeline.seed,
                                           norm_tokens=norm_tokens, placement=placement)
         if config.trainer.offload and config.pipeline.mode == "colocated":
             # Before the engines start: vLLM claims its share of the device only if it is free, and
@@ -252,16 +265,28 @@ def prepare_batch(run: Run, sampled: SampledBatchRef) -> tuple[TrainBatchRef, di
     batch builder assembles the batch and computes the advantages from the trainers' rows; the
     driver passes refs along and receives lengths and metrics (see `rlactors.pipelines.batch_builder`)."""
     algorithm, temperature = run.config.algorithm, run.config.rollout.sampling.temperature
-    batch = get_within(run.builder.assemble.remote(sampled.groups_ref), BUILDER_TIMEOUT_S, "batch_builder.assemble")
+    timings: dict[str, float] = {}
+    with timed(timings, "assemble"):
+        batch = get_within(run.builder.assemble.remote(sampled.groups_ref), BUILDER_TIMEOUT_S,
+                           "batch_builder.assemble")
     # One trainer after the other, as they would run with the rows fetched here: colocated roles
     # share devices, and three forward passes at once would need three times the activations.
     # Each returns once all its ranks finished, or raises naming the rank that failed.
-    old_rows = run.actor.logprob_rows(batch, temperature)
-    ref_rows = run.reference.logprob_rows(batch, temperature) if run.reference is not None else None
-    value_rows = run.critic.value_rows(batch) if algorithm.advantage == "gae" else None
+    with timed(timings, "old_log_prob"):
+        old_rows = run.actor.logprob_rows(batch, temperature)
+    ref_rows = value_rows = None
+    if run.reference is not None:
+        with timed(timings, "ref"):
+            ref_rows = run.reference.logprob_rows(batch, temperature)
+    if algorithm.advantage == "gae":
+        with timed(timings, "values"):
+            value_rows = run.critic.value_rows(batch)
     kl_coef = run.kl_controller.value if algorithm.use_kl_in_reward else None
-    batch, metrics, current_kl = get_within(run.builder.finish.remote(batch.ref, old_rows, ref_rows, value_rows, kl_coef),
-                                            BUILDER_TIMEOUT_S, "batch_builder.finish")
+    with timed(timings, "adv"):
+        batch, metrics, current_kl = get_within(
+            run.builder.finish.remote(batch.ref, old_rows, ref_rows, value_rows, kl_coef), BUILDER_TIMEOUT_S,
+            "batch_builder.finish")
+    metrics |= timings
     if current_kl is not None:
         run.kl_controller.update(current_kl, num_steps=len(batch))
         metrics |= {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_coef": run.kl_controller.value}
@@ -270,8 +295,25 @@ def prepare_batch(run: Run, sampled: SampledBatchRef) -> tuple[TrainBatchRef, di
 
 def update(run: Run, batch: TrainBatchRef) -> dict[str, float]:
     temperature = run.config.rollout.sampling.temperature
-    metrics = run.critic.update_critic(batch) if run.critic is not None else {}
-    return metrics | run.actor.update_policy(batch, temperature)
+    timings: dict[str, float] = {}
+    metrics = {}
+    if run.critic is not None:
+        with timed(timings, "update_critic"):
+            metrics = run.critic.update_critic(batch)
+    with timed(timings, "update_actor"):
+        metrics |= run.actor.update_policy(batch, temperature)
+    return metrics | timings
+
+
+@contextlib.contextmanager
+def timed(timings: dict[str, float], phase: str):
+    """Add the seconds the block takes to `timings["timing_s/<phase>"]` (veRL's names where it has one)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        key = f"timing_s/{phase}"
+        timings[key] = timings.get(key, 0.0) + time.perf_counter() - start
 
 
 def publish_weights(run: Run) -> dict[str, float]:
