@@ -104,6 +104,11 @@ class RolloutConfig(_Section):
     enable_sleep_mode: bool = Field(
         True, description="Let colocated engines free KV cache and weights while the trainer runs (GPU only)."
     )
+    suspend_while_asleep: bool = Field(
+        True, description="CPU only: stop (SIGSTOP) vLLM's engine-core and worker processes while the engine sleeps "
+        "and continue them at its next call into vLLM. An idle vLLM CPU engine keeps polling and waking its threads, "
+        "which takes cores from the trainer in colocated mode."
+    )
     sleep_level: Literal[1, 2] = Field(
         1, description="vLLM sleep level of colocated engines: 1 offloads the weights to host memory and frees the "
         "KV cache; 2 discards the weights too (no host copy), fine because new weights are loaded before waking."
@@ -231,7 +236,8 @@ class TrainerConfig(_Section):
     )
     cpu_cores: list[int] | Literal["all"] | None = Field(
         None, description="CPU only: cores every trainer rank's threads are pinned to, one torch thread each; "
-        "'all': every core the rank's process may use; null: no pinning, num_cpus_per_worker threads."
+        "'all': every core the rank's process may use; null: no pinning, num_cpus_per_worker threads, except a "
+        "one-rank trainer in colocated mode, which takes 'all' (the engines sleep while it trains)."
     )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
     offload: bool = Field(
