@@ -46,6 +46,7 @@ import ray
 from rlactors.config import RolloutConfig, SamplingConfig
 from rlactors.device import default_dtype, detect_platform, engine_env
 from rlactors.models import build_tiny_model
+from rlactors.rollout.engine_core import vllm_processes
 from rlactors.types import PromptRequest
 
 
@@ -91,15 +92,6 @@ def start_actor(model_path: str, config: RolloutConfig, sampling: SamplingConfig
         return sum(s.num_response_tokens for g in groups for s in g.samples), elapsed
 
     return engine, generate
-
-
-def vllm_processes(pid: int) -> list[psutil.Process]:
-    """The vLLM engine-core and worker processes started by process `pid` (the driver or the actor)."""
-    found = []
-    for child in psutil.Process(pid).children():
-        if child.name().startswith("VLLM::"):
-            found += [child, *child.children(recursive=True)]
-    return found
 
 
 @contextlib.contextmanager

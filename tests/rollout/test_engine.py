@@ -243,6 +243,34 @@ def test_sleep_blocks_generation_until_wake_up(engine, reference):
     assert groups[0].samples[0].token_policy_versions == [version] * 4
 
 
+def test_a_sleeping_cpu_engine_s_vllm_processes_are_stopped_until_its_next_call(engine, reference):
+    """On CPU, sleep stops vLLM's engine core and workers (they would keep polling the trainer's
+    cores); any call into vLLM continues them first, and a wake-up leaves them running."""
+    import psutil
+    import ray
+
+    from rlactors.rollout.engine_core import vllm_processes
+
+    model, tokenizer = reference
+    processes = vllm_processes(ray.get(engine.health.remote())["pid"])
+    assert len(processes) >= 2, processes  # the engine core and its worker
+
+    def states() -> set[str]:
+        return {process.status() for process in processes}
+
+    ray.get(engine.sleep.remote())
+    assert states() == {psutil.STATUS_STOPPED}
+    version = _version(engine) + 1
+    perturb_and_send(engine, model, version, seed=5)  # a weight sync while asleep goes through
+    assert psutil.STATUS_STOPPED not in states()
+    ray.get(engine.sleep.remote())  # still asleep (the KV cache): nothing to do, nothing stopped again
+    ray.get(engine.wake_up.remote())
+    assert psutil.STATUS_STOPPED not in states()
+    groups = collect(engine, prompts(tokenizer, ["awake"]), SamplingConfig(num_samples_per_prompt=1,
+                                                                         max_response_tokens=4, ignore_eos=True))
+    assert groups[0].samples[0].token_policy_versions == [version] * 4
+
+
 @pytest.mark.parametrize("sleep_level", [1, 2])
 def test_sleeping_engine_wakes_weights_then_loads_then_wakes_the_kv_cache(engine, reference, sleep_level):
     """The colocated order, as the phase log records it; on CPU vLLM frees nothing, but the tags it

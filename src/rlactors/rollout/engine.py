@@ -79,7 +79,14 @@ from rlactors.config import RolloutConfig, SamplingConfig
 from rlactors.device import default_dtype, detect_platform
 from rlactors.phases import PhaseLog
 from rlactors.placement.cluster import unplaced_options
-from rlactors.rollout.engine_core import dead_detail, dead_error, prepare_environment, start_vllm, until_dead
+from rlactors.rollout.engine_core import (
+    Suspension,
+    dead_detail,
+    dead_error,
+    prepare_environment,
+    start_vllm,
+    until_dead,
+)
 from rlactors.rollout.samples import (
     SamplingArg,
     check_prompt,
@@ -130,6 +137,7 @@ class RolloutEngine:
         self._sleeping_tags: list[str] = []  # vLLM allocations asleep, of SLEEP_TAGS
         self._weights_discarded = False  # level-2 sleep: the weights hold nothing until a load
         self.phases = PhaseLog()
+        self._suspension = Suspension()  # CPU: vLLM's processes stopped while asleep
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -391,7 +399,10 @@ class RolloutEngine:
         self.asleep = True
         self._sleeping_tags = list(SLEEP_TAGS)  # vLLM's executor marks both asleep at every level >= 1
         self._weights_discarded = level == 2
-        return await self._record("sleep", level=level)
+        entry = await self._record("sleep", level=level)
+        if self.platform == "cpu" and self.config.suspend_while_asleep:
+            self._suspension.suspend()  # continued by the next call into vLLM (`_vllm`)
+        return entry
 
     async def wake_up(self, tags: list[str] | None = None) -> dict | None:
         """Wake `tags` (of "weights", "kv_cache"; None: all still asleep), weights first; generation
@@ -422,6 +433,7 @@ class RolloutEngine:
 
     async def _vllm(self, what: str, call):
         """Await a call into vLLM's engine core; EngineDeadError naming `what` if the core dies first."""
+        self._suspension.resume()
         return await until_dead(self.llm, call, lambda: dead_error(self.llm, what, self.error_file))
 
     def phase_log(self) -> list[dict]:

@@ -19,6 +19,7 @@ restarts a replica whose call fails with `EngineDeadError`.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import signal
 from collections.abc import Awaitable, Callable
@@ -170,3 +171,47 @@ async def until_dead(llm, awaitable: Awaitable, on_dead: Callable[[], Exception]
         if llm.errored:
             raise on_dead()  # noqa: B904 - its cause says why; vLLM's own error is only the symptom
         raise
+
+
+def vllm_processes(pid: int | None = None) -> list:
+    """vLLM's engine-core and worker processes started by process `pid` (default: this one)."""
+    import psutil
+
+    found = []
+    for child in psutil.Process(pid).children():
+        if child.name().startswith("VLLM::"):
+            found += [child, *child.children(recursive=True)]
+    return found
+
+
+class Suspension:
+    """vLLM's processes of this engine stopped (SIGSTOP) while it sleeps on CPU, where an idle
+    engine core and its workers keep polling on the cores a colocated trainer needs. `resume`
+    (SIGCONT) comes before every call into vLLM; a process that died meanwhile is skipped (its death
+    is the engine's to report). At exit they are continued, so that vLLM's own shutdown can stop
+    them; a SIGKILL of the actor kills them stopped (their parent-death signal is SIGKILL)."""
+
+    def __init__(self):
+        self.processes: list = []
+        atexit.register(self.resume)
+
+    def suspend(self) -> None:
+        import psutil
+
+        self.resume()
+        for process in vllm_processes():
+            try:
+                process.suspend()
+                self.processes.append(process)
+            except psutil.NoSuchProcess:
+                pass
+
+    def resume(self) -> None:
+        import psutil
+
+        processes, self.processes = self.processes, []
+        for process in processes:
+            try:
+                process.resume()
+            except psutil.NoSuchProcess:
+                pass
