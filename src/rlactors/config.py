@@ -285,6 +285,13 @@ class AlgorithmConfig(_Section):
     kl_target: float = Field(0.1, gt=0, description="Adaptive controller's target KL.")
     kl_horizon: int = Field(10000, ge=1, description="Adaptive controller's horizon.")
     entropy_coef: float = Field(0.0, description="Entropy bonus coefficient.")
+    old_logprobs: Literal["auto", "recompute"] = Field(
+        "auto", description="Where the PPO ratio's old logprobs come from. 'recompute': a forward pass of the actor "
+        "over the batch before the update. 'auto': the same, except where that pass cannot differ from the update's "
+        "own logprobs (colocated mode, one mini-batch, one epoch, no KL penalty in the reward: the weights are those "
+        "that generated the batch until the update's only optimizer step); there the update takes its own logprobs, "
+        "detached, and the pass is skipped."
+    )
     tis_cap: float | None = Field(
         None, gt=0, description="Truncated importance sampling: cap of exp(trainer - rollout logprob); null is off."
     )

@@ -68,6 +68,48 @@ def test_update_is_independent_of_ranks_and_micro_batches(ray_session, tiny_mode
         assert max_difference(other_weights, reference_weights) < 2e-6
 
 
+def test_an_update_without_old_logprobs_equals_one_after_the_old_logprob_pass(ray_session, tiny_model_dir):
+    """One mini-batch, one epoch: the update's own logprobs (detached) are the old ones, so the
+    pass before it can be skipped (`algorithm.old_logprobs: auto`); metrics and weights are those
+    of the update after the pass, and the update reports the rollout/trainer gap the pass gave."""
+    results = {}
+    for recompute in (True, False):
+        batch = random_batch(12, seed=3)
+        random_fields(batch, ["advantages"], seed=4)
+        group = TrainerGroup("actor", tiny_model_dir, trainer_config(optim=OptimConfig(lr=2e-3, eps=1e-5)), ALGORITHM)
+        try:
+            logprobs = group.compute_logprobs(batch, TEMPERATURE)["logprobs"]
+            noise = torch.Generator().manual_seed(5)
+            batch.set_field("rollout_logprobs", [lp - 0.05 + 0.02 * torch.randn(len(lp), generator=noise)
+                                                 for lp in logprobs])
+            batch.set_field("ref_logprobs", [lp + 0.1 for lp in logprobs])
+            if recompute:
+                batch.set_field("old_logprobs", logprobs)
+            results[recompute] = (group.update_policy(batch, TEMPERATURE), weights(group), batch, logprobs)
+        finally:
+            group.shutdown()
+    (after_pass, pass_weights, batch, logprobs), (from_update, update_weights, _, _) = results[True], results[False]
+    assert set(from_update) - set(after_pass) == {"actor/rollout_trainer_kl", "actor/rollout_logprob_abs_diff_max"}
+    for key, value in after_pass.items():
+        assert from_update[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    assert after_pass["actor/pg_loss"] != 0 and after_pass["actor/ppo_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert max_difference(update_weights, pass_weights) < 2e-6
+    gap = torch.cat(batch.token_field("rollout_logprobs")) - torch.cat(logprobs)
+    assert from_update["actor/rollout_trainer_kl"] == pytest.approx(float(gap.mean()), abs=1e-6)
+    assert from_update["actor/rollout_logprob_abs_diff_max"] == pytest.approx(float(gap.abs().max()), abs=1e-6)
+
+
+def test_an_update_without_old_logprobs_refuses_several_mini_batches(ray_session, tiny_model_dir):
+    batch = random_batch(8, seed=6)
+    random_fields(batch, ["advantages", "rollout_logprobs", "ref_logprobs"], seed=7)
+    group = TrainerGroup("actor", tiny_model_dir, trainer_config(num_mini_batches=2), ALGORITHM)
+    try:
+        with pytest.raises(Exception, match="without old_logprobs needs one mini-batch and one epoch"):
+            group.update_policy(batch, TEMPERATURE)
+    finally:
+        group.shutdown()
+
+
 def test_reference_logprobs_match_a_transformers_forward(ray_session, tiny_model_dir):
     import ray
 

@@ -34,26 +34,32 @@ from rlactors.trainer.batch import (
 from rlactors.types import Group
 
 
-def add_advantages(batch: TrainBatch, old_rows: list[tuple], ref_rows: list[tuple] | None,
+def add_advantages(batch: TrainBatch, old_rows: list[tuple] | None, ref_rows: list[tuple] | None,
                    value_rows: list[tuple] | None, algorithm: AlgorithmConfig, kl_coef: float | None
                    ) -> tuple[dict[str, float], float | None]:
     """Set old/reference logprobs, values, returns and advantages on `batch` from the merged rows of
     the trainers' forward passes (batch order). Returns the metrics and, with `kl_coef` (the KL
-    penalty in the reward), the batch's KL for the controller."""
+    penalty in the reward), the batch's KL for the controller. Without `old_rows` the update takes
+    its own logprobs as old ones (`pipelines.common.old_logprobs_from_update`), and measures the
+    rollout/trainer gap itself."""
     metrics: dict[str, float] = {}
-    batch.set_field("old_logprobs", [row[1] for row in old_rows])
     mask = response_mask(batch.response_lengths)
-    # How far the engine's sampling distribution is from the trainer's (precision, kernels, stale
-    # weights): the KL estimate E[log p_rollout - log p_trainer] over the sampled tokens.
-    rollout, _ = batch.padded_field("rollout_logprobs")
-    old, _ = batch.padded_field("old_logprobs")
-    metrics["rollout/trainer_kl"] = float(algorithms.masked_mean(rollout - old, mask))
-    metrics["rollout/logprob_abs_diff_max"] = float(((rollout - old).abs() * mask).max()) if mask.any() else 0.0
+    old = None
+    if old_rows is not None:
+        batch.set_field("old_logprobs", [row[1] for row in old_rows])
+        # How far the engine's sampling distribution is from the trainer's (precision, kernels, stale
+        # weights): the KL estimate E[log p_rollout - log p_trainer] over the sampled tokens.
+        rollout, _ = batch.padded_field("rollout_logprobs")
+        old, _ = batch.padded_field("old_logprobs")
+        metrics["rollout/trainer_kl"] = float(algorithms.masked_mean(rollout - old, mask))
+        metrics["rollout/logprob_abs_diff_max"] = float(((rollout - old).abs() * mask).max()) if mask.any() else 0.0
     token_rewards = algorithms.scores_to_token_rewards(torch.tensor(batch.scores), mask)
     current_kl = None
     if ref_rows is not None:
         batch.set_field("ref_logprobs", [row[1] for row in ref_rows])
         if kl_coef is not None:
+            if old is None:
+                raise ValueError("a KL penalty in the reward needs the old logprobs of the batch")
             ref, _ = batch.padded_field("ref_logprobs")
             token_rewards, kl = algorithms.apply_kl_in_reward(token_rewards, old, ref, mask, kl_coef,
                                                               algorithm.kl_penalty)

@@ -272,9 +272,10 @@ def prepare_batch(run: Run, sampled: SampledBatchRef) -> tuple[TrainBatchRef, di
     # One trainer after the other, as they would run with the rows fetched here: colocated roles
     # share devices, and three forward passes at once would need three times the activations.
     # Each returns once all its ranks finished, or raises naming the rank that failed.
-    with timed(timings, "old_log_prob"):
-        old_rows = run.actor.logprob_rows(batch, temperature)
-    ref_rows = value_rows = None
+    old_rows = ref_rows = value_rows = None
+    if not old_logprobs_from_update(run.config):
+        with timed(timings, "old_log_prob"):
+            old_rows = run.actor.logprob_rows(batch, temperature)
     if run.reference is not None:
         with timed(timings, "ref"):
             ref_rows = run.reference.logprob_rows(batch, temperature)
@@ -301,8 +302,22 @@ def update(run: Run, batch: TrainBatchRef) -> dict[str, float]:
         with timed(timings, "update_critic"):
             metrics = run.critic.update_critic(batch)
     with timed(timings, "update_actor"):
-        metrics |= run.actor.update_policy(batch, temperature)
-    return metrics | timings
+        actor = run.actor.update_policy(batch, temperature)
+    # Without an old-logprob pass the update measured the rollout/trainer gap (`old_logprobs_from_update`).
+    for name in ("trainer_kl", "logprob_abs_diff_max"):
+        if f"actor/rollout_{name}" in actor:
+            actor[f"rollout/{name}"] = actor.pop(f"actor/rollout_{name}")
+    return metrics | actor | timings
+
+
+def old_logprobs_from_update(config: Config) -> bool:
+    """Whether the update takes its own logprobs as old ones instead of a pass before it: asked
+    (`algorithm.old_logprobs: auto`) and equal by construction. Colocated, the batch was generated
+    with the actor's current weights; with one mini-batch and one epoch they stay so until the
+    update's only optimizer step; and no KL penalty in the reward needs them before the update."""
+    trainer, algorithm = config.trainer, config.algorithm
+    return (algorithm.old_logprobs == "auto" and config.pipeline.mode == "colocated"
+            and trainer.num_mini_batches == 1 and trainer.num_epochs == 1 and not algorithm.use_kl_in_reward)
 
 
 @contextlib.contextmanager

@@ -64,7 +64,9 @@ from rlactors.trainer.batch import (
 from rlactors.trainer.offload import resident
 
 # Metrics that are token means: ranks return token-weighted sums, divided by the mini-batch's tokens.
-TOKEN_MEAN_METRICS = frozenset({"ppo_kl", "pg_clipfrac", "pg_clipfrac_lower", "entropy", "vf_clipfrac"})
+TOKEN_MEAN_METRICS = frozenset({"ppo_kl", "pg_clipfrac", "pg_clipfrac_lower", "entropy", "vf_clipfrac",
+                                "rollout_trainer_kl"})
+MAX_METRICS = frozenset({"rollout_logprob_abs_diff_max"})  # maxima over micro-batches and ranks
 
 
 class TrainerWorker:
@@ -165,26 +167,38 @@ class TrainerWorker:
     # Updates
 
     def update_policy(self, batch: TrainBatch, plans: list[MiniBatchPlan], temperature: float) -> dict[str, float]:
-        """PPO epochs over the mini-batches; metrics are means over optimizer steps."""
+        """PPO epochs over the mini-batches; metrics are means over optimizer steps.
+
+        A batch without `old_logprobs` (see `AlgorithmConfig.old_logprobs`) takes the update's own
+        logprobs, detached: equal by construction with one mini-batch and one epoch, the only case
+        allowed. The update then also measures the rollout/trainer gap the old-logprob pass would
+        have (`rollout_trainer_kl`, `rollout_logprob_abs_diff_max`)."""
         self._start("update_policy", ("actor",))
         algo = self.algorithm
-        fields = ["old_logprobs", "advantages"] + [ROLLOUT_LOGPROBS] * bool(algo.tis_cap) + \
-            ["ref_logprobs"] * algo.use_kl_loss
+        from_update = "old_logprobs" not in batch.token_fields
+        if from_update and (len(plans) != 1 or self.trainer.num_epochs != 1):
+            raise ValueError(f"a batch without old_logprobs needs one mini-batch and one epoch (it has {len(plans)} "
+                             f"mini-batches, trainer.num_epochs={self.trainer.num_epochs}): compute them first")
+        fields = ["old_logprobs"] * (not from_update) + ["advantages"] + \
+            [ROLLOUT_LOGPROBS] * (bool(algo.tis_cap) or from_update) + ["ref_logprobs"] * algo.use_kl_loss
 
         def loss_fn(micro: MicroBatch, plan: MiniBatchPlan) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             f, mask = micro.fields, micro.mask
             counts = self._counts(plan)
             logits = fsdp.response_logits(self.model, micro, temperature)
             logp = logprobs_from_logits(logits, micro.labels)
-            weights = truncated_importance_weights(f["old_logprobs"], f[ROLLOUT_LOGPROBS], algo.tis_cap) \
-                if algo.tis_cap else None
-            per_token, stats = ppo_policy_loss(logp, f["old_logprobs"], f["advantages"], mask, algo.clip_ratio_low,
+            old = logp.detach() if from_update else f["old_logprobs"]
+            weights = truncated_importance_weights(old, f[ROLLOUT_LOGPROBS], algo.tis_cap) if algo.tis_cap else None
+            per_token, stats = ppo_policy_loss(logp, old, f["advantages"], mask, algo.clip_ratio_low,
                                                algo.clip_ratio_high, algo.clip_ratio_c, importance_weights=weights)
             pg_loss = aggregate_loss(per_token, mask, algo.loss_agg_mode, **counts)
             loss = pg_loss
             num_tokens = mask.sum()
             sums = {"pg_loss": pg_loss, **{k: stats[k] * num_tokens for k in ("ppo_kl", "pg_clipfrac",
                                                                               "pg_clipfrac_lower")}}
+            if from_update:
+                gap = (f[ROLLOUT_LOGPROBS] - old) * mask
+                sums |= {"rollout_trainer_kl": gap.sum(), "rollout_logprob_abs_diff_max": gap.abs().max()}
             if algo.use_kl_loss:
                 kl = aggregate_loss(kl_penalty(logp, f["ref_logprobs"], algo.kl_loss_type), mask,
                                     algo.loss_agg_mode, **counts)
@@ -248,11 +262,17 @@ class TrainerWorker:
                     loss, micro_sums = loss_fn(micro, plan)
                     (loss * self.world_size).backward()
                     for key, value in micro_sums.items():
-                        sums[key] += value.detach().float()
-                keys = sorted(sums)
+                        value = value.detach().float()
+                        sums[key] = torch.maximum(sums[key], value) if key in MAX_METRICS else sums[key] + value
+                keys = sorted(set(sums) - MAX_METRICS)
                 reduced = torch.stack([sums[k] for k in keys])
                 dist.all_reduce(reduced)
                 step = dict(zip(keys, reduced.tolist(), strict=True))
+                maxima = sorted(MAX_METRICS.intersection(sums))
+                if maxima:  # every rank has the same keys: the same loss on the same fields
+                    peaks = torch.stack([sums[k] for k in maxima])
+                    dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
+                    step |= dict(zip(maxima, peaks.tolist(), strict=True))
                 for key in TOKEN_MEAN_METRICS.intersection(step):
                     step[key] /= max(plan.num_tokens, 1)
                 loss_total = sum(step[k] for k in keys if k.endswith("_loss"))
