@@ -38,7 +38,9 @@ def test_offload_keeps_the_phase_order_on_every_actor_and_changes_no_metric(ray_
     assert set(logs) == {"engines", "actor", "reference"}
     trainer_ranks = {role: logs[role] for role in ("actor", "reference")}
     for role, ranks in trainer_ranks.items():
-        forward = ["compute_logprobs", "update_policy", "export_weights"] if role == "actor" else ["compute_logprobs"]
+        # The actor runs no old-logprob pass: colocated, one mini-batch and one epoch, the update's
+        # own logprobs are the old ones (`algorithm.old_logprobs: auto`).
+        forward = ["update_policy", "export_weights"] if role == "actor" else ["compute_logprobs"]
         for log in ranks:
             # Offloaded once before the engines start, then on the device only around its passes.
             assert labels(log) == ["offload"] + (["onload", *forward, "offload"]) * 2, role
