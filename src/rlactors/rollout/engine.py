@@ -86,6 +86,7 @@ from rlactors.rollout.engine_core import (
     prepare_environment,
     start_vllm,
     until_dead,
+    worker_rss_bytes,
 )
 from rlactors.rollout.samples import (
     SamplingArg,
@@ -427,7 +428,10 @@ class RolloutEngine:
 
     async def _record(self, phase: str, **details) -> dict:
         """Log a phase with the memory of vLLM's (first) worker process, which holds the device memory;
-        this front-end process has no device context, and making one would itself cost memory."""
+        this front-end process has no device context, and making one would itself cost memory. On
+        CPU that memory is the worker's resident set, read here without a call through vLLM."""
+        if self.platform == "cpu":
+            return self.phases.record(phase, {"host_rss_bytes": worker_rss_bytes()}, **details)
         memory = await self._vllm(phase, self.llm.collective_rpc("rlactors_memory", timeout=MEMORY_RPC_TIMEOUT_S))
         return self.phases.record(phase, memory[0], **details)
 

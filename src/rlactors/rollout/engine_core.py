@@ -184,6 +184,19 @@ def vllm_processes(pid: int | None = None) -> list:
     return found
 
 
+def worker_rss_bytes() -> int:
+    """The resident memory of this engine's first vLLM worker process (the engine core where it
+    runs the model itself); 0 if none is found."""
+    import psutil
+
+    processes = vllm_processes()
+    workers = [p for p in processes if "Worker" in p.name()] or processes
+    try:
+        return workers[0].memory_info().rss if workers else 0
+    except psutil.NoSuchProcess:
+        return 0
+
+
 class Suspension:
     """vLLM's processes of this engine stopped (SIGSTOP) while it sleeps on CPU, where an idle
     engine core and its workers keep polling on the cores a colocated trainer needs. `resume`
