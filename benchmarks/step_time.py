@@ -7,7 +7,8 @@ One GRPO config (the `small` preset, the synthetic arithmetic task, 16 prompts x
   step's phases come from its metrics (`timing_s/*`: generation with scoring and the buffer,
   sleep, batch assembly, old-logprob pass, advantages, update, weight sync, wake-up), as medians
   in seconds and as shares of the step; `driver_other` is the rest of the step. Each core's idle
-  share over the timed steps is read from /proc/stat.
+  share over the timed steps is read from /proc/stat, and the CPU seconds per step of each kind of
+  process (trainer rank, engine actor, vLLM's engine core and worker, Ray's own, ...) from psutil.
 - raw vLLM: `vllm.LLM` in a process of its own, on the engine's own arguments, generating the
   prompts of the timed steps (the data set in the pipeline's order) with the same sampling
   settings, one request per sample as the engine sends them;
@@ -73,8 +74,26 @@ def cpu_times() -> list[tuple[int, int]]:
     return cores
 
 
+def process_cpu_s() -> dict[int, tuple[str, float]]:
+    """Every process's label (its title's first word: `ray::TrainerWorker`, `VLLM::EngineCore`,
+    `raylet`, ...) and its CPU seconds so far (user + system)."""
+    import psutil
+
+    found = {}
+    for process in psutil.process_iter():
+        try:
+            title = " ".join(process.cmdline()) or process.name()
+            label = title.split()[0].rsplit("/", 1)[-1].split(".")[0] if title else "?"
+            times = process.cpu_times()
+            found[process.pid] = (label, times.user + times.system)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return found
+
+
 class IdleWatch:
-    """Each core's idle share between the metrics log reaching `start_lines` and `end_lines` lines."""
+    """Each core's idle share, and the CPU seconds of each kind of process, between the metrics log
+    reaching `start_lines` and `end_lines` lines."""
 
     def __init__(self, metrics_path: Path, start_lines: int, end_lines: int):
         self.path, self.marks = metrics_path, {}
@@ -88,6 +107,7 @@ class IdleWatch:
             for mark, wanted in self.wanted.items():
                 if mark not in self.marks and lines >= wanted:
                     self.marks[mark] = cpu_times()
+                    self.marks[f"{mark}_processes"] = process_cpu_s()
             time.sleep(0.05)
 
     def shares(self) -> list[float]:
@@ -95,6 +115,16 @@ class IdleWatch:
         start, end = self.marks["start"], self.marks["end"]
         return [round((e_idle - s_idle) / max(e_total - s_total, 1), 3)
                 for (s_idle, s_total), (e_idle, e_total) in zip(start, end, strict=True)]
+
+    def process_cpu_s(self, num_steps: int, top: int = 10) -> dict[str, float]:
+        """CPU seconds per step of each kind of process over the timed steps, the busiest first."""
+        start, end = self.marks["start_processes"], self.marks["end_processes"]
+        per_label: dict[str, float] = {}
+        for pid, (label, seconds) in end.items():
+            before = start[pid][1] if pid in start and start[pid][0] == label else 0.0
+            per_label[label] = per_label.get(label, 0.0) + seconds - before
+        busiest = sorted(per_label.items(), key=lambda item: -item[1])[:top]
+        return {label: round(seconds / num_steps, 3) for label, seconds in busiest}
 
 
 def run_pipeline_timed(model_path: Path, output_dir: Path, max_response_tokens: int, num_steps: int) -> dict:
@@ -113,6 +143,7 @@ def run_pipeline_timed(model_path: Path, output_dir: Path, max_response_tokens: 
             "phases_s": {k: round(v, 4) for k, v in phases.items()},
             "phase_shares": {k: round(v / step_s, 3) for k, v in phases.items()},
             "core_idle_shares": watch.shares(),
+            "process_cpu_s_per_step": watch.process_cpu_s(num_steps),
             "response_length_mean": statistics.mean(h["response_length/mean"] for h in history),
             "max_tokens_per_micro_batch": config.trainer.max_tokens_per_micro_batch,
             "config": config}
@@ -214,7 +245,7 @@ def main() -> None:
         print(f"responses up to {max_tokens} tokens: step {result['step_s']:.3f} s vs raw generation "
               f"{result['raw_generation_s']:.3f} s + plain update {result['plain_update_s']:.3f} s: "
               f"overhead_ratio {result['overhead_ratio']}; phases (s): {result['phases_s']}; "
-              f"idle per core {result['core_idle_shares']}")
+              f"idle per core {result['core_idle_shares']}; CPU s per step by process {result['process_cpu_s_per_step']}")
     print(json.dumps({
         "overhead_ratio": {key: result["overhead_ratio"] for key, result in results.items()},
         "max_overhead_ratio": max(result["overhead_ratio"] for result in results.values()),
