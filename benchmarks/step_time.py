@@ -74,8 +74,9 @@ def cpu_times() -> list[tuple[int, int]]:
     return cores
 
 
-def process_cpu_s() -> dict[int, tuple[str, float]]:
-    """Every process's label (its title's first word: `ray::TrainerWorker`, `VLLM::EngineCore`,
+def process_cpu_s() -> dict[tuple[int, float], tuple[str, float]]:
+    """Every process (pid and start time: a pid can be reused, and a kernel worker's name changes
+    with its work) by its label (its title's first word: `ray::TrainerWorker`, `VLLM::EngineCore`,
     `raylet`, ...) and its CPU seconds so far (user + system)."""
     import psutil
 
@@ -85,7 +86,7 @@ def process_cpu_s() -> dict[int, tuple[str, float]]:
             title = " ".join(process.cmdline()) or process.name()
             label = title.split()[0].rsplit("/", 1)[-1].split(".")[0] if title else "?"
             times = process.cpu_times()
-            found[process.pid] = (label, times.user + times.system)
+            found[(process.pid, process.create_time())] = (label, times.user + times.system)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             pass
     return found
@@ -120,8 +121,8 @@ class IdleWatch:
         """CPU seconds per step of each kind of process over the timed steps, the busiest first."""
         start, end = self.marks["start_processes"], self.marks["end_processes"]
         per_label: dict[str, float] = {}
-        for pid, (label, seconds) in end.items():
-            before = start[pid][1] if pid in start and start[pid][0] == label else 0.0
+        for process, (label, seconds) in end.items():
+            before = start[process][1] if process in start else 0.0
             per_label[label] = per_label.get(label, 0.0) + seconds - before
         busiest = sorted(per_label.items(), key=lambda item: -item[1])[:top]
         return {label: round(seconds / num_steps, 3) for label, seconds in busiest}
