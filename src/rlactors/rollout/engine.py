@@ -139,6 +139,8 @@ class RolloutEngine:
         self._weights_discarded = False  # level-2 sleep: the weights hold nothing until a load
         self.phases = PhaseLog()
         self._suspension = Suspension()  # CPU: vLLM's processes stopped while asleep
+        self._num_vllm_calls = 0  # calls into vLLM awaiting an answer: never stopped mid-way
+        self._suspend_when_idle = False  # asleep with calls in flight: stop vLLM once the last returns
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -402,7 +404,8 @@ class RolloutEngine:
         self._weights_discarded = level == 2
         entry = await self._record("sleep", level=level)
         if self.platform == "cpu" and self.config.suspend_while_asleep:
-            self._suspension.suspend()  # continued by the next call into vLLM (`_vllm`)
+            self._suspend_when_idle = True
+            self._suspend_if_idle()  # continued by the next call into vLLM (`_vllm`)
         return entry
 
     async def wake_up(self, tags: list[str] | None = None) -> dict | None:
@@ -438,7 +441,19 @@ class RolloutEngine:
     async def _vllm(self, what: str, call):
         """Await a call into vLLM's engine core; EngineDeadError naming `what` if the core dies first."""
         self._suspension.resume()
-        return await until_dead(self.llm, call, lambda: dead_error(self.llm, what, self.error_file))
+        self._suspend_when_idle = False  # a new call: the engine is in use again until the next sleep
+        self._num_vllm_calls += 1
+        try:
+            return await until_dead(self.llm, call, lambda: dead_error(self.llm, what, self.error_file))
+        finally:
+            self._num_vllm_calls -= 1
+            self._suspend_if_idle()
+
+    def _suspend_if_idle(self) -> None:
+        """Stop vLLM's processes if asked by `sleep`, still asleep, and no call into vLLM is waiting."""
+        if self._suspend_when_idle and self.asleep and not self._num_vllm_calls:
+            self._suspend_when_idle = False
+            self._suspension.suspend()
 
     def phase_log(self) -> list[dict]:
         """This engine's last phases (see `rlactors.phases`), oldest first."""

@@ -179,8 +179,11 @@ def vllm_processes(pid: int | None = None) -> list:
 
     found = []
     for child in psutil.Process(pid).children():
-        if child.name().startswith("VLLM::"):
-            found += [child, *child.children(recursive=True)]
+        try:  # a process may end between the listing and the look
+            if child.name().startswith("VLLM::"):
+                found += [child, *child.children(recursive=True)]
+        except psutil.Error:
+            continue
     return found
 
 
@@ -189,11 +192,11 @@ def worker_rss_bytes() -> int:
     runs the model itself); 0 if none is found."""
     import psutil
 
-    processes = vllm_processes()
-    workers = [p for p in processes if "Worker" in p.name()] or processes
     try:
+        processes = vllm_processes()
+        workers = [p for p in processes if "Worker" in p.name()] or processes
         return workers[0].memory_info().rss if workers else 0
-    except psutil.NoSuchProcess:
+    except psutil.Error:  # one ended meanwhile: its death is the engine's to report
         return 0
 
 
