@@ -144,13 +144,23 @@ def clone_pending(model, segment: torch.Tensor) -> int:
 
     storage = segment.untyped_storage().data_ptr()
     count = 0
+
+    def detached(value):  # tensors, also inside a loader's *args / **kwargs
+        nonlocal count
+        if isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() == storage:
+            count += 1
+            return value.clone()
+        if type(value) in (tuple, list):
+            return type(value)(detached(item) for item in value)
+        if type(value) is dict:
+            return {key: detached(item) for key, item in value.items()}
+        return value
+
     for layer in model.modules():
         info = LAYERWISE_INFO.get(layer)
         for _, bound in (info.loaded_weights if info is not None else ()):
             for key, value in bound.arguments.items():
-                if isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() == storage:
-                    bound.arguments[key] = value.clone()
-                    count += 1
+                bound.arguments[key] = detached(value)
     return count
 
 
