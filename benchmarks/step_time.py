@@ -154,7 +154,7 @@ def step_prompts(config, output_dir: Path, num_steps: int) -> list[list[list[int
     """The prompt token ids of each timed step, in the order the pipeline took them."""
     from rlactors.data import PromptDataset
     from rlactors.models import load_tokenizer
-    from rlactors.pipelines.common import data_files, requests_for
+    from rlactors.pipelines.build import data_files, requests_for
 
     train_files, _ = data_files(config, output_dir)
     data = config.data

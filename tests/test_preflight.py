@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-import rlactors.pipelines.common as common
+import rlactors.pipelines.build as build
 from rlactors.config import ConfigError, load_config
 from rlactors.data import DataError, write_rows
-from rlactors.pipelines.common import build_run
+from rlactors.pipelines.build import build_run
 from rlactors.preflight import check_model, model_context_tokens
 
 
@@ -24,7 +24,7 @@ def tripwire(monkeypatch):
     def refuse_to_start():
         raise RayStarted("build_run reached init_ray(): nothing refused the run")
 
-    monkeypatch.setattr(common, "init_ray", refuse_to_start)
+    monkeypatch.setattr(build, "init_ray", refuse_to_start)
 
 
 def config_for(tmp_path, model_dir, *overrides):

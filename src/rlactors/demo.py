@@ -17,7 +17,7 @@ import ray
 
 from rlactors.config import Config, load_config
 from rlactors.models import ensure_run_model, load_tokenizer
-from rlactors.pipelines.common import data_files, init_ray, seed_everything
+from rlactors.pipelines.build import data_files, init_ray, seed_everything
 from rlactors.trainer.batch import TrainBatch
 from rlactors.trainer.group import TrainerGroup
 

@@ -14,7 +14,7 @@ import pytest
 from chaos_helpers import assert_each_prompt_once, assert_no_leftovers, checkpoint_ledger, leftover_processes
 
 from rlactors.config import load_config
-from rlactors.pipelines import common, run_pipeline
+from rlactors.pipelines import build, run_pipeline
 from rlactors.trainer.group import TrainerGroup
 from rlactors.trainer.ranks import TrainerRankError
 
@@ -91,7 +91,7 @@ class _BuilderThatFailsToStart:
 
 
 def test_a_run_whose_start_fails_leaves_no_actor(ray_session, tmp_path, tiny_model_dir, monkeypatch):
-    monkeypatch.setattr(common, "BatchBuilder", _BuilderThatFailsToStart)
+    monkeypatch.setattr(build, "BatchBuilder", _BuilderThatFailsToStart)
     before = leftover_processes()
     # The error is kept, as a notebook keeps its last traceback: its frames hold the handles of what
     # was started, so Ray's reference counting does not stop those actors; only the teardown does.

@@ -78,13 +78,3 @@ def test_buffer_calls_tell_a_wait_that_ran_out_from_a_stuck_or_dead_buffer(ray_s
 def test_the_old_logprob_pass_is_skipped_only_where_it_equals_the_update_s_logprobs(overrides, from_update):
     assert common.old_logprobs_from_update(load_config(None, ["pipeline.mode=colocated", *overrides])) is from_update
 
-
-def test_trainer_settings_give_a_one_rank_colocated_cpu_trainer_every_core():
-    def settings(device_kind, *overrides):
-        return common.trainer_settings(load_config(None, ["pipeline.mode=colocated", *overrides]), device_kind)
-
-    assert settings("cpu").cpu_cores == "all"
-    assert settings("gpu").cpu_cores is None
-    assert settings("cpu", "pipeline.mode=async").cpu_cores is None
-    assert settings("cpu", "trainer.num_workers=2").cpu_cores is None  # ranks would contend for the same cores
-    assert settings("cpu", "trainer.cpu_cores=[1]").cpu_cores == [1]  # what the user pinned stays

@@ -17,12 +17,11 @@ import time
 from pathlib import Path
 
 from rlactors.config import Config
+from rlactors.pipelines.build import Run, build_run
 from rlactors.pipelines.common import (
-    Run,
     ask_buffer,
     begin,
     buffer_wait_ran_out,
-    build_run,
     end_step,
     feed_prompts,
     finish,

@@ -1,0 +1,180 @@
+"""Building a run: the `Run` record every driver touches, and `build_run`, which validates the data
+and the config, plans the run on the cluster, reserves its devices and starts every actor in its
+place. The step functions over a `Run` are in `rlactors.pipelines.common`.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import ray
+import torch
+
+from rlactors import algorithms, preflight
+from rlactors.buffer import ReplayBuffer
+from rlactors.buffer.ledger_log import LEDGER_FOLDER
+from rlactors.config import Config, TrainerConfig, dump_config
+from rlactors.data import PromptDataset, to_request
+from rlactors.device import default_dtype
+from rlactors.models import ensure_run_model, load_tokenizer
+from rlactors.pipelines.batch_builder import BatchBuilder
+from rlactors.pipelines.teardown import run_parts, stop_all
+from rlactors.placement import trainer_roles
+from rlactors.placement.cluster import Placement, check_visible_everywhere, plan_for_cluster
+from rlactors.reward.scorer import RewardPool
+from rlactors.rollout.router import RolloutRouter
+from rlactors.synthetic import write_task
+from rlactors.trainer.group import TrainerGroup
+from rlactors.types import PromptRequest
+from rlactors.weight_sync.choice import WeightSyncSettings, choose_for_plan
+
+
+def init_ray() -> None:
+    """Connect to the cluster in RAY_ADDRESS (or the `ray job submit` job's), else start a local Ray."""
+    if ray.is_initialized():
+        return
+    env = {"TOKENIZERS_PARALLELISM": "false"}
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(runtime_env={"env_vars": env})
+    else:
+        # A new local instance: a bare ray.init() would join whatever `ray start` left running here.
+        ray.init(address="local", include_dashboard=False, runtime_env={"env_vars": env})
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+@dataclass
+class Run:
+    """Everything a driver touches. `policy_version` counts weight publications to the engines."""
+
+    config: Config
+    output_dir: Path
+    tokenizer: object
+    dataset: PromptDataset
+    val_requests: list[PromptRequest]
+    router: RolloutRouter
+    reward: RewardPool
+    buffer: ray.actor.ActorHandle
+    actor: TrainerGroup
+    reference: TrainerGroup | None = None
+    critic: TrainerGroup | None = None
+    kl_controller: object = None
+    placement: Placement | None = None  # the run's plan and placement groups
+    builder: ray.actor.ActorHandle | None = None  # BatchBuilder: train batches and validation, off the driver
+    weight_sync: WeightSyncSettings | None = None  # how the actor's weights reach the engines
+    step: int = 0
+    policy_version: int = 0
+
+    @property
+    def num_devices(self) -> int:
+        """Devices (GPUs, or CPU bundles) the run occupies, for per-device throughput."""
+        return self.placement.plan.num_devices if self.placement is not None else 1
+
+    def shutdown(self) -> None:
+        """Stop every actor (trainer ranks, engines, reward scorers, buffer, builder), each bounded
+        and killed if it fails or hangs, then release the placement groups; the errors are
+        reported once everything is down (`rlactors.pipelines.teardown`)."""
+        stop_all(run_parts((self.actor, self.reference, self.critic), self.router, self.reward, self.buffer,
+                           self.builder), self.placement)
+
+
+def data_files(config: Config, output_dir: Path) -> tuple[list[str], list[str]]:
+    """The configured parquet files, or the synthetic task written under the output dir."""
+    data = config.data
+    if data.train_files:
+        return list(data.train_files), list(data.val_files)
+    train, test = write_task(data.task, output_dir / "data", data.num_train_rows, data.num_val_rows, seed=data.seed)
+    return [str(train)], list(data.val_files) or [str(test)]
+
+
+def requests_for(rows, tokenizer, config: Config) -> list[PromptRequest]:
+    """Tokenize rows; a prompt too long or empty is an error naming its prompt_id (`rlactors.preflight`
+    checks every prompt this way before any actor starts)."""
+    return [to_request(row, tokenizer, config.data.chat_template, config.data.max_prompt_tokens) for row in rows]
+
+
+def trainer_settings(config: Config, device_kind: str) -> TrainerConfig:
+    """The trainer settings the run's ranks get: on CPU in colocated mode a one-rank trainer left
+    unpinned (`trainer.cpu_cores` null) uses every core its process may use, since the engines
+    sleep while it trains; with one thread per reserved CPU it would leave the others idle."""
+    trainer = config.trainer
+    if (device_kind == "cpu" and config.pipeline.mode == "colocated" and trainer.cpu_cores is None
+            and trainer.num_workers == 1):
+        return trainer.model_copy(update={"cpu_cores": "all"})
+    return trainer
+
+
+def build_run(config: Config, model_path: str | None = None) -> Run:
+    """Validate data, build the model if asked, plan the run on the cluster and reserve its
+    devices, then start every actor the config needs in its place."""
+    output_dir = Path(config.pipeline.output_dir).absolute()  # once: every actor on every node gets this path
+    output_dir.mkdir(parents=True, exist_ok=True)
+    dump_config(config, output_dir / "config.yaml")
+    seed_everything(config.pipeline.seed)
+    # An impossible run is refused here, before Ray or any actor starts (see rlactors.preflight).
+    preflight.check_config(config, output_dir)
+    model_path = str(model_path or ensure_run_model(config.model, output_dir))
+    preflight.check_model(config, model_path)
+    tokenizer = load_tokenizer(model_path)
+    train_files, val_files = data_files(config, output_dir)
+    dataset = PromptDataset.from_files(train_files, seed=config.data.seed, shuffle=config.data.shuffle,
+                                       skip_bad_rows=config.data.skip_bad_rows)
+    val_requests = preflight.check_prompts(config, tokenizer, dataset.rows, train_files, val_files)
+
+    init_ray()
+    plan = plan_for_cluster(config)  # a run that cannot fit fails here, naming what is missing
+    check_visible_everywhere(output_dir, plan)
+    # A transport the plan cannot serve is refused here, before any device is reserved.
+    transport = choose_for_plan(config.rollout.weight_transport, plan, config.rollout.num_engines,
+                                config.pipeline.mode == "colocated")
+    placement = Placement.reserve(plan, config.pipeline.placement_timeout_s)
+    trainers: dict[str, TrainerGroup] = {}
+    router = reward = buffer = builder = None
+    try:
+        algorithm, sampling = config.algorithm, config.rollout.sampling
+        norm_tokens = algorithm.loss_norm_tokens or sampling.max_response_tokens
+        trainer_config = trainer_settings(config, plan.cluster.device_kind)
+        for role in trainer_roles(config):
+            trainers[role] = TrainerGroup(role, model_path, trainer_config, algorithm, seed=config.pipeline.seed,
+                                          norm_tokens=norm_tokens, placement=placement)
+        if config.trainer.offload and config.pipeline.mode == "colocated":
+            # Before the engines start: vLLM claims its share of the device only if it is free, and
+            # the first generation then has the device to itself.
+            for group in trainers.values():
+                group.offload()
+        # Engines restart after a crash (Ray re-runs the constructor, in the same bundles) and the
+        # trainer sends them the current weights before they get work again (set_weight_loader below).
+        router = RolloutRouter.create(model_path, config.rollout, max_restarts=1, placement=placement,
+                                      dtype=config.model.dtype, weight_backend=transport.vllm_backend)
+        router.ready()
+        reward = RewardPool(config.reward, max_response_tokens=sampling.max_response_tokens)
+        buffer = ReplayBuffer.options(**placement.near("actor")).remote(
+            config.buffer, config.pipeline.batch_size_prompts, config.pipeline.trigger_parameter_sync_step,
+            ledger_dir=str(output_dir / LEDGER_FOLDER))
+        builder = BatchBuilder.options(**placement.near("actor")).remote(algorithm)
+    except BaseException:
+        # Everything started so far, in and outside the placement groups; the error stays the one raised.
+        stop_all(run_parts(trainers.values(), router, reward, buffer, builder), placement)
+        raise
+    kl_controller = (algorithms.AdaptiveKLController(algorithm.kl_coef, algorithm.kl_target, algorithm.kl_horizon)
+                     if algorithm.kl_controller == "adaptive" else algorithms.FixedKLController(algorithm.kl_coef))
+    # The dtype weights travel in: the engines' (what `auto` means where they run), known here
+    # without asking an engine (one may be restarting) and not asked by every trainer rank.
+    engine_dtype = (config.model.dtype if config.model.dtype != "auto"
+                    else default_dtype("cpu" if plan.cluster.device_kind == "cpu" else "cuda"))
+    weight_sync = WeightSyncSettings(transport.transport, config.rollout.weight_bucket_bytes, engine_dtype,
+                                     config.rollout.call_timeout_s, config.rollout.tensor_parallel_size,
+                                     config.rollout.verify_weight_sync)
+    actor = trainers["actor"]
+    router.set_weight_loader(lambda targets, version: actor.send_weights_ref(targets, version, weight_sync))
+    print(f"weight transport: {transport.transport} ({transport.reason})")
+    return Run(config, output_dir, tokenizer, dataset, val_requests, router, reward, buffer, actor,
+               trainers.get("reference"), trainers.get("critic"), kl_controller, placement, builder, weight_sync)
