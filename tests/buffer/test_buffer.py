@@ -525,6 +525,20 @@ def test_reserve_and_sample_wait_for_each_other(ray_buffer_module):
     assert metrics["sample_wait_s"] > 0 and metrics["num_groups_ahead"] == 1
 
 
+def test_a_sample_without_a_wait_answers_at_once_either_way(ray_buffer_module):
+    # The colocated driver asks so before each round of generation (nothing can arrive meanwhile).
+    ray, ReplayBuffer, _ = ray_buffer_module
+    buffer = ReplayBuffer.remote(BufferConfig(), batch_size_prompts=2)
+    ray.get(buffer.add_prompts.remote(prompts(2)))
+    requests = ray.get(buffer.reserve.remote(2, "a"))
+    ray.get(buffer.put.remote([make_group(requests[0], 0)]))
+    with pytest.raises(TimeoutError, match="buffer.sample waited 0.0 s"):
+        ray.get(buffer.sample.remote(2, 0, timeout_s=0.0))
+    ray.get(buffer.put.remote([make_group(requests[1], 0)]))
+    batch = ray.get(buffer.sample.remote(2, 0, timeout_s=0.0))
+    assert batch.group_ids == [r.group_id for r in requests]
+
+
 def test_actor_state_round_trips_through_files_mid_run(ray_buffer_module, tmp_path):
     ray, ReplayBuffer, _ = ray_buffer_module
     config = BufferConfig(max_staleness=2, staleness_threshold=1.0)

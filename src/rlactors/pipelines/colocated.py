@@ -36,10 +36,12 @@ from rlactors.trainer.group import TrainerGroup
 
 def fill_batch(run: Run, batch_size: int):
     """Generate until the buffer can hand out a full batch. Under dynamic sampling, groups whose
-    rewards have zero variance are rejected, so this may take several rounds (bounded by the buffer)."""
+    rewards have zero variance are rejected, so this may take several rounds (bounded by the buffer).
+    The buffer is asked without a wait: nothing generates while this driver asks, so what it
+    lacks now it lacks until the next `produce`."""
     while True:
         try:
-            return ask_buffer(run, "sample", batch_size, run.policy_version, 0.01, wait_s=0.01)
+            return ask_buffer(run, "sample", batch_size, run.policy_version, 0.0)
         except TimeoutError as error:
             if not buffer_wait_ran_out(error):
                 raise

@@ -173,10 +173,20 @@ async def until_dead(llm, awaitable: Awaitable, on_dead: Callable[[], Exception]
         raise
 
 
+# Parent pid -> the vLLM processes last found under it. Listing children scans every process on the
+# machine (tens of ms on a busy host, at every sleep and wake); vLLM starts its processes once.
+_FOUND: dict[int, list] = {}
+
+
 def vllm_processes(pid: int | None = None) -> list:
-    """vLLM's engine-core and worker processes started by process `pid` (default: this one)."""
+    """vLLM's engine-core and worker processes started by process `pid` (default: this one). The
+    last listing is reused while every process in it still runs (`is_running` also tells a reused pid)."""
     import psutil
 
+    pid = os.getpid() if pid is None else pid
+    cached = _FOUND.get(pid)
+    if cached and all(process.is_running() for process in cached):
+        return list(cached)
     found = []
     for child in psutil.Process(pid).children():
         try:  # a process may end between the listing and the look
@@ -184,7 +194,8 @@ def vllm_processes(pid: int | None = None) -> list:
                 found += [child, *child.children(recursive=True)]
         except psutil.Error:
             continue
-    return found
+    _FOUND[pid] = found
+    return list(found)
 
 
 def worker_rss_bytes() -> int:
