@@ -78,3 +78,28 @@ def test_buffer_calls_tell_a_wait_that_ran_out_from_a_stuck_or_dead_buffer(ray_s
 def test_the_old_logprob_pass_is_skipped_only_where_it_equals_the_update_s_logprobs(overrides, from_update):
     assert common.old_logprobs_from_update(load_config(None, ["pipeline.mode=colocated", *overrides])) is from_update
 
+
+
+def test_assembling_and_finishing_in_one_call_gives_the_batch_of_the_two_calls(ray_session):
+    from rlactors.config import AlgorithmConfig
+    from rlactors.pipelines.batch_builder import BatchBuilder
+    from rlactors.types import Group, PromptRequest, Sample
+
+    def group(prompt_id: str, scores: list[float]) -> Group:
+        request = PromptRequest(prompt_id=prompt_id, prompt_token_ids=[5, 6], group_id=f"{prompt_id}.0")
+        return Group(request, [Sample(prompt_id, k, [5, 6], [7] * (k + 1), [-0.1] * (k + 1), [0] * (k + 1),
+                                      score=score) for k, score in enumerate(scores)])
+
+    groups_ref = ray.put([group("b", [1.0, 0.0, 0.0]), group("a", [0.0, 1.0, 1.0])])  # out of group_id order
+    builder = BatchBuilder.remote(AlgorithmConfig())
+    assembled = ray.get(builder.assemble.remote(groups_ref))
+    two_calls, metrics, kl = ray.get(builder.finish.remote(assembled.ref, None, None, None, None))
+    one_call, one_metrics, one_kl = ray.get(builder.assemble_and_finish.remote(groups_ref))
+    first, second = ray.get(two_calls.ref), ray.get(one_call.ref)
+    assert second.prompt_ids == first.prompt_ids == ["a"] * 3 + ["b"] * 3
+    assert sorted(second.token_fields) == sorted(first.token_fields)
+    for name in first.token_fields:
+        assert [t.tolist() for t in second.token_field(name)] == [t.tolist() for t in first.token_field(name)]
+    assert one_call.response_lengths == two_calls.response_lengths and one_metrics == metrics and one_kl == kl
+    assert any(t.abs().sum() > 0 for t in second.token_field("advantages"))
+    ray.kill(builder)

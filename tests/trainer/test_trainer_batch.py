@@ -71,6 +71,31 @@ def test_fields_are_checked_and_padding_round_trips():
     assert sub.prompt_ids == ["y"] and sub.token_field("doubled")[0].tolist() == [8]
 
 
+def test_a_batch_pickles_to_its_own_data_and_back_exactly():
+    import pickle
+
+    n, width = 64, 32
+    lengths = [i % width for i in range(n)]  # an empty response among them
+    batch = TrainBatch([[1, 2]] * n, [[3] * k for k in lengths], [i // 8 for i in range(n)],
+                       prompt_ids=[f"p{i}" for i in range(n)], sample_indices=[i % 8 for i in range(n)],
+                       scores=[float(i) for i in range(n)])
+    batch.set_field(ROLLOUT_LOGPROBS, [-torch.rand(k) for k in lengths])
+    batch.set_padded_field("advantages", torch.randn(n, width))  # rows are views of one [n, width] tensor
+    blob = pickle.dumps(batch)
+    data_bytes = 2 * 4 * sum(lengths)  # two float32 fields
+    assert len(blob) < data_bytes + 16_000  # not n copies of the padded tensor (n * n * width * 4 bytes)
+    back = pickle.loads(blob)
+    for name in ("prompt_token_ids", "response_token_ids", "group_ids", "prompt_ids", "sample_indices", "scores"):
+        assert getattr(back, name) == getattr(batch, name)
+    for name in (ROLLOUT_LOGPROBS, "advantages"):
+        assert [t.tolist() for t in back.token_field(name)] == [t.tolist() for t in batch.token_field(name)]
+    sub = pickle.loads(pickle.dumps(back.select([5, 1])))  # a sub-batch of split rows: its own rows only
+    assert [t.tolist() for t in sub.token_field("advantages")] == [batch.token_field("advantages")[i].tolist()
+                                                                    for i in (5, 1)]
+    assert len(pickle.dumps(back.select([5, 1]))) < 2_000
+    assert len(pickle.loads(pickle.dumps(TrainBatch([], [], [])))) == 0
+
+
 def test_micro_batch_positions_predict_response_tokens():
     batch = TrainBatch([[1, 2, 3], [4]], [[5, 6], [7, 8, 9]], [0, 0])
     batch.set_field("advantages", [torch.tensor([0.5, 0.6]), torch.tensor([0.7, 0.8, 0.9])])

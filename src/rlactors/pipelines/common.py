@@ -100,6 +100,11 @@ def prepare_batch(run: Run, sampled: SampledBatchRef) -> tuple[TrainBatchRef, di
     driver passes refs along and receives lengths and metrics (see `rlactors.pipelines.batch_builder`)."""
     algorithm, temperature = run.config.algorithm, run.config.rollout.sampling.temperature
     timings: dict[str, float] = {}
+    if old_logprobs_from_update(run.config) and run.reference is None and algorithm.advantage != "gae":
+        with timed(timings, "adv"):  # no trainer pass first: assembly and advantages in one call
+            batch, metrics, _ = get_within(run.builder.assemble_and_finish.remote(sampled.groups_ref),
+                                           BUILDER_TIMEOUT_S, "batch_builder.assemble_and_finish")
+        return batch, metrics | timings
     with timed(timings, "assemble"):
         batch = get_within(run.builder.assemble.remote(sampled.groups_ref), BUILDER_TIMEOUT_S,
                            "batch_builder.assemble")
