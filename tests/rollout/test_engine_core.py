@@ -28,6 +28,7 @@ def start_named_child() -> subprocess.Popen:
 
 
 def test_vllm_processes_reuses_its_listing_while_every_process_runs_and_lists_again_after_one_ends(monkeypatch):
+    monkeypatch.setattr(engine_core, "_FOUND", {})
     listings = []
     children = psutil.Process.children
     monkeypatch.setattr(psutil.Process, "children", lambda self, **kw: listings.append(self.pid) or children(self, **kw))
@@ -50,4 +51,3 @@ def test_vllm_processes_reuses_its_listing_while_every_process_runs_and_lists_ag
     finally:
         first.kill()
         first.wait()
-        engine_core._FOUND.clear()

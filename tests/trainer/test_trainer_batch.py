@@ -72,6 +72,7 @@ def test_fields_are_checked_and_padding_round_trips():
 
 
 def test_a_batch_pickles_to_its_own_data_and_back_exactly():
+    import copy
     import pickle
 
     n, width = 64, 32
@@ -93,7 +94,10 @@ def test_a_batch_pickles_to_its_own_data_and_back_exactly():
     assert [t.tolist() for t in sub.token_field("advantages")] == [batch.token_field("advantages")[i].tolist()
                                                                     for i in (5, 1)]
     assert len(pickle.dumps(back.select([5, 1]))) < 2_000
-    assert len(pickle.loads(pickle.dumps(TrainBatch([], [], [])))) == 0
+    empty = pickle.loads(pickle.dumps(TrainBatch([], [], [], token_fields={"advantages": []})))
+    assert len(empty) == 0 and empty.token_field("advantages") == []
+    copied = copy.deepcopy(batch)
+    assert [t.tolist() for t in copied.token_field("advantages")] == [t.tolist() for t in batch.token_field("advantages")]
 
 
 def test_micro_batch_positions_predict_response_tokens():

@@ -80,6 +80,7 @@ def add_advantages(batch: TrainBatch, old_rows: list[tuple] | None, ref_rows: li
 
 
 def in_group_order(groups: list[Group]) -> TrainBatch:
+    """The TrainBatch of `groups` sorted by group_id: the same batch whatever order they finished in."""
     return train_batch_from_groups(sorted(groups, key=lambda g: g.group_id))
 
 

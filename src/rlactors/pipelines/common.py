@@ -100,8 +100,10 @@ def prepare_batch(run: Run, sampled: SampledBatchRef) -> tuple[TrainBatchRef, di
     driver passes refs along and receives lengths and metrics (see `rlactors.pipelines.batch_builder`)."""
     algorithm, temperature = run.config.algorithm, run.config.rollout.sampling.temperature
     timings: dict[str, float] = {}
-    if old_logprobs_from_update(run.config) and run.reference is None and algorithm.advantage != "gae":
-        with timed(timings, "adv"):  # no trainer pass first: assembly and advantages in one call
+    old_pass, ref_pass = not old_logprobs_from_update(run.config), run.reference is not None
+    values_pass = algorithm.advantage == "gae"
+    if not (old_pass or ref_pass or values_pass):
+        with timed(timings, "adv"):  # no trainer pass first: assembly (its time counted here) and advantages in one call
             batch, metrics, _ = get_within(run.builder.assemble_and_finish.remote(sampled.groups_ref),
                                            BUILDER_TIMEOUT_S, "batch_builder.assemble_and_finish")
         return batch, metrics | timings
@@ -112,13 +114,13 @@ def prepare_batch(run: Run, sampled: SampledBatchRef) -> tuple[TrainBatchRef, di
     # share devices, and three forward passes at once would need three times the activations.
     # Each returns once all its ranks finished, or raises naming the rank that failed.
     old_rows = ref_rows = value_rows = None
-    if not old_logprobs_from_update(run.config):
+    if old_pass:
         with timed(timings, "old_log_prob"):
             old_rows = run.actor.logprob_rows(batch, temperature)
-    if run.reference is not None:
+    if ref_pass:
         with timed(timings, "ref"):
             ref_rows = run.reference.logprob_rows(batch, temperature)
-    if algorithm.advantage == "gae":
+    if values_pass:
         with timed(timings, "values"):
             value_rows = run.critic.value_rows(batch)
     kl_coef = run.kl_controller.value if algorithm.use_kl_in_reward else None

@@ -174,7 +174,9 @@ async def until_dead(llm, awaitable: Awaitable, on_dead: Callable[[], Exception]
 
 
 # Parent pid -> the vLLM processes last found under it. Listing children scans every process on the
-# machine (tens of ms on a busy host, at every sleep and wake); vLLM starts its processes once.
+# machine (tens of ms on a busy host, at every sleep and wake). The reuse assumes vLLM's process
+# tree is complete once the engine is ready (the engine's first listing comes after `ready`) and
+# fixed while its processes live: vLLM starts its engine core and workers once.
 _FOUND: dict[int, list] = {}
 
 
