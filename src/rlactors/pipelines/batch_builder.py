@@ -98,13 +98,11 @@ class BatchBuilder:
         whatever order they finished in."""
         return stored(in_group_order(groups))
 
-    def assemble_and_finish(self, groups: list[Group]) -> tuple[TrainBatchRef, dict[str, float], None]:
+    def assemble_and_finish(self, groups: list[Group]) -> tuple[TrainBatchRef, dict[str, float], float | None]:
         """`assemble` and `finish` in one call, for a batch no trainer reads before its update (the
         update takes its own old logprobs; no reference, no critic): one round trip and one stored
         batch fewer, the same numbers."""
-        batch = in_group_order(groups)
-        metrics, current_kl = add_advantages(batch, None, None, None, self.algorithm, kl_coef=None)
-        return stored(batch), metrics, current_kl
+        return self.finish(in_group_order(groups), None, None, None, kl_coef=None)
 
     def finish(self, batch: TrainBatch, old_rows: list, ref_rows: list | None, value_rows: list | None,
                kl_coef: float | None) -> tuple[TrainBatchRef, dict[str, float], float | None]:
