@@ -2,6 +2,8 @@
 
     run CONFIG.yaml [key=value ...]   train (GRPO/DAPO/PPO, colocated or async) as the config says
     demo [key=value ...]              the CPU demo: warm up the small model on arithmetic, then GRPO
+         (run and demo: --verbose shows every INFO line of vLLM, Ray and transformers)
+    export CHECKPOINT OUT [--model M] a saved checkpoint's actor as a Hugging Face folder at OUT
     plot METRICS.jsonl [-o OUT.png]   draw a metrics file
     smoke                             build the tiny model and generate through vLLM once
     plan CONFIG.yaml [key=value ...]  where every role runs, memory per device, whether it fits
@@ -42,6 +44,23 @@ def _smoke() -> int:
     return 0
 
 
+def _export(checkpoint: str, out: str, model: str | None, dtype_name: str | None) -> int:
+    import torch
+
+    from rlactors.trainer.hf_export import export_checkpoint
+
+    dtype = getattr(torch, dtype_name, None) if dtype_name else None
+    if dtype_name and not isinstance(dtype, torch.dtype):
+        print(f"error: --dtype {dtype_name!r} is not a torch dtype (bfloat16, float16, float32)", file=sys.stderr)
+        return 2
+    try:
+        print(f"model: {export_checkpoint(checkpoint, out, model, dtype)} (Hugging Face folder)")
+    except (FileNotFoundError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rlactors", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -50,6 +69,14 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("overrides", nargs="*", help="dotted.key=value")
     demo = commands.add_parser("demo", help="the CPU demo")
     demo.add_argument("overrides", nargs="*")
+    for command in (run, demo):
+        command.add_argument("--verbose", action="store_true",
+                             help="every INFO line of vLLM, Ray and transformers on the terminal (pipeline.verbose)")
+    export = commands.add_parser("export", help="a checkpoint's actor as a Hugging Face folder")
+    export.add_argument("checkpoint", help="a run's output_dir, its checkpoints/ folder, or one checkpoint step_N")
+    export.add_argument("out", help="the Hugging Face folder to write (replaced once the new one is whole)")
+    export.add_argument("--model", default=None, help="model folder for config and tokenizer (default: the run's)")
+    export.add_argument("--dtype", default=None, help="dtype of the weights (default: the model config's)")
     plot = commands.add_parser("plot", help="draw a metrics.jsonl file")
     plot.add_argument("metrics")
     plot.add_argument("-o", "--output", default=None)
@@ -72,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides += extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if getattr(args, "verbose", False):
+        args.overrides.append("pipeline.verbose=true")
 
     from rlactors.config import ConfigError, describe_fields, dump_config, load_config
     from rlactors.placement.plan import PlanError
@@ -82,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
 
             print(plot_metrics(args.metrics, args.output))
             return 0
+        if args.command == "export":
+            return _export(args.checkpoint, args.out, args.model, args.dtype)
         if args.command == "smoke":
             return _smoke()
         if args.command == "fields":

@@ -331,6 +331,10 @@ class PipelineConfig(_Section):
         None, ge=1, description="Keep only the newest this many checkpoints, deleting older ones after each new "
         "one is committed (never the one `latest` names); null keeps all.",
     )
+    export_hf_every_steps: int = Field(
+        0, ge=0, description="Also write the actor as a Hugging Face folder (output_dir/hf/step_N) every this many "
+        "steps; the run always writes one at its end (0: only then).",
+    )
     output_dir: str = Field(
         "outputs/run", description="Metrics, plots and checkpoints go here. Made absolute once by the driver; on a "
         "multi-node cluster it must be a path every node sees (a shared filesystem), which the driver checks.",
@@ -341,6 +345,10 @@ class PipelineConfig(_Section):
     )
     resume: str = Field("auto", description="'auto' (latest checkpoint in output_dir if any), 'never', or a checkpoint path.")
     seed: int = Field(0, description="Global seed.")
+    verbose: bool = Field(
+        False, description="Show every INFO line of vLLM, Ray and transformers on the terminal, and known-harmless "
+        "warnings (also `--verbose`). Either way each process's full log lands under output_dir/logs.",
+    )
 
 
 class Config(_Section):

@@ -1,5 +1,5 @@
 """What a user sees of a run: a JSONL metrics file always, TensorBoard when installed, a progress
-bar on the terminal, and a PNG of the key curves (`plot_metrics`, also `python -m rlactors plot`).
+bar and one line per validation on the terminal, and a PNG of the key curves (`plot_metrics`, also `python -m rlactors plot`).
 
 Metric names follow veRL's: `reward/mean`, `val/<data_source>/acc`, `actor/ppo_kl`, `timing_s/step`, ...
 """
@@ -63,6 +63,9 @@ class MetricsLogger:
             for key, value in record.items():
                 if key != "step" and isinstance(value, int | float) and math.isfinite(value):
                     self._tensorboard.add_scalar(key, value, step)
+        validation = {k: v for k, v in record.items() if k.startswith("val/") and isinstance(v, int | float)}
+        if validation:
+            self.write(f"step {step}: " + ", ".join(f"{k} {v:.3g}" for k, v in sorted(validation.items())))
         if self._bar is not None:
             shown = {}
             for pattern in PROGRESS_KEYS:
@@ -71,6 +74,13 @@ class MetricsLogger:
             self._bar.set_postfix(shown, refresh=False)
             self._bar.n = step
             self._bar.refresh()
+
+    def write(self, line: str) -> None:
+        """One line on the terminal above the progress bar (the bar stays at the bottom)."""
+        if self._bar is not None:
+            self._bar.write(line)
+        else:
+            print(line, flush=True)
 
     def close(self) -> None:
         self._file.close()

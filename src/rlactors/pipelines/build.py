@@ -5,6 +5,7 @@ place. The step functions over a `Run` are in `rlactors.pipelines.common`.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ import numpy as np
 import ray
 import torch
 
-from rlactors import algorithms, preflight
+from rlactors import algorithms, logs, preflight
 from rlactors.buffer import ReplayBuffer
 from rlactors.buffer.ledger_log import LEDGER_FOLDER
 from rlactors.config import Config, TrainerConfig, dump_config
@@ -33,16 +34,21 @@ from rlactors.types import PromptRequest
 from rlactors.weight_sync.choice import WeightSyncSettings, choose_for_plan
 
 
-def init_ray() -> None:
-    """Connect to the cluster in RAY_ADDRESS (or the `ray job submit` job's), else start a local Ray."""
+def init_ray(log_dir: Path | None = None, verbose: bool = False) -> None:
+    """Connect to the cluster in RAY_ADDRESS (or the `ray job submit` job's), else start a local Ray.
+    Every process of the run logs in full under `log_dir`, and the terminal gets warnings and
+    errors only unless `verbose` (`rlactors.logs`). A Ray already started is left as it is."""
     if ray.is_initialized():
         return
-    env = {"TOKENIZERS_PARALLELISM": "false"}
+    env = {"TOKENIZERS_PARALLELISM": "false", **logs.run_environment(log_dir, verbose)}
+    logs.configure_process()  # this driver, as the hook does in every worker
+    options = {"runtime_env": {"env_vars": env, "worker_process_setup_hook": logs.SETUP_HOOK},
+               "logging_level": logging.INFO if verbose else logging.WARNING}
     if os.environ.get("RAY_ADDRESS"):
-        ray.init(runtime_env={"env_vars": env})
+        ray.init(**options)
     else:
         # A new local instance: a bare ray.init() would join whatever `ray start` left running here.
-        ray.init(address="local", include_dashboard=False, runtime_env={"env_vars": env})
+        ray.init(address="local", include_dashboard=False, **options)
 
 
 def seed_everything(seed: int) -> None:
@@ -129,7 +135,7 @@ def build_run(config: Config, model_path: str | None = None) -> Run:
                                        skip_bad_rows=config.data.skip_bad_rows)
     val_requests = preflight.check_prompts(config, tokenizer, dataset.rows, train_files, val_files)
 
-    init_ray()
+    init_ray(output_dir / "logs", config.pipeline.verbose)
     plan = plan_for_cluster(config)  # a run that cannot fit fails here, naming what is missing
     check_visible_everywhere(output_dir, plan)
     # A transport the plan cannot serve is refused here, before any device is reserved.

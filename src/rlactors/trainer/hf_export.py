@@ -1,0 +1,169 @@
+"""The trained model as a Hugging Face folder: loadable by `AutoModelForCausalLM.from_pretrained`
+and servable by `vllm serve`.
+
+    out/config.json                      the source model's config, `dtype` set to the export's
+    out/generation_config.json           the source's, when it has one
+    out/model-00001.safetensors, ...     the weights, one shard per bucket of ~`shard_bytes`
+    out/model.safetensors.index.json     which shard holds each weight
+    out/tokenizer.json, ...              the source's tokenizer
+
+Two sources feed the same writer (`write_hf_folder`), one bucket of whole CPU tensors at a time,
+so no process ever holds more than one bucket of gathered weights:
+- a live trainer (`TrainerWorker.save_hf`): its FSDP shards gathered tensor by tensor;
+- a saved checkpoint (`export_checkpoint`, `python -m rlactors export`): its DCP files, read a
+  bucket at a time in a plain process (no Ray, no process group, no device).
+
+The folder appears complete or not at all: it is written under `.<name>.tmp`, fsynced and renamed
+into place; an older folder of the same name is replaced only once the new one is whole.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+
+from rlactors.durable import fsync_path, fsync_tree
+
+SHARD_BYTES = 2 << 30  # per safetensors file, and what one bucket of gathered weights may hold
+INDEX_FILE = "model.safetensors.index.json"
+TIED_HEAD = "lm_head.weight"
+
+
+def source_dtype(model_path: str | Path) -> torch.dtype:
+    """The dtype the source model's config.json declares (float32 when it declares none)."""
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    name = config.get("dtype") or config.get("torch_dtype") or "float32"
+    dtype = getattr(torch, str(name).removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"{Path(model_path) / 'config.json'}: dtype {name!r} is not a torch dtype")
+    return dtype
+
+
+def write_hf_folder(buckets: Iterable[list[tuple[str, torch.Tensor]]], out: str | Path, model_path: str | Path,
+                    architecture: str | None = None, dtype: torch.dtype | None = None) -> Path:
+    """Write `buckets` of (Hugging Face name, tensor) as a Hugging Face folder at `out`, with the
+    config, generation config and tokenizer of `model_path`. A tied head (`lm_head.weight` while
+    the config ties it) is left out: transformers and vLLM re-tie it to the embedding."""
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, GenerationConfig
+
+    from rlactors.models import load_tokenizer
+
+    out = Path(out)
+    temp = out.with_name(f".{out.name}.tmp")
+    if temp.exists():
+        shutil.rmtree(temp)  # left by an interrupted export
+    temp.mkdir(parents=True)
+    config = AutoConfig.from_pretrained(model_path, local_files_only=True)
+    dtype = dtype or source_dtype(model_path)
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    weight_map: dict[str, str] = {}
+    total_bytes = 0
+    for number, bucket in enumerate(buckets, start=1):
+        tensors = {name: tensor.to(dtype).contiguous() for name, tensor in bucket if not (tied and name == TIED_HEAD)}
+        shard = f"model-{number:05d}.safetensors"
+        save_file(tensors, str(temp / shard), metadata={"format": "pt"})
+        weight_map |= dict.fromkeys(tensors, shard)
+        total_bytes += sum(t.numel() * t.element_size() for t in tensors.values())
+    if not weight_map:
+        raise ValueError(f"exporting to {out}: no weights were given")
+    (temp / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total_bytes},
+                                               "weight_map": dict(sorted(weight_map.items()))}, indent=2))
+    if architecture:
+        config.architectures = [architecture]
+    config.dtype = dtype
+    config.save_pretrained(temp)
+    try:
+        GenerationConfig.from_pretrained(model_path, local_files_only=True).save_pretrained(temp)
+    except OSError:
+        pass  # the source has no generation config: nor does the export
+    load_tokenizer(model_path).save_pretrained(temp)
+    _move_into_place(temp, out)
+    return out
+
+
+def _move_into_place(temp: Path, out: Path) -> None:
+    fsync_tree(temp)
+    old = out.with_name(f".{out.name}.old")
+    if old.exists():
+        shutil.rmtree(old)
+    if out.exists():
+        out.rename(old)  # the complete older folder goes only once the new one is whole
+    temp.rename(out)
+    fsync_path(out.parent)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+# --------------------------------------------------------------------------------------------
+# From a saved checkpoint
+
+
+def trainer_checkpoint_dir(path: str | Path) -> Path:
+    """The actor's DCP folder of a checkpoint given as a run's output dir, its checkpoint root,
+    one run checkpoint (`step_N`, which holds `actor/`) or the actor's folder itself."""
+    from rlactors.trainer import checkpoint
+
+    path = Path(path)
+    for candidate in (path, path / "actor"):
+        if (candidate / ".metadata").is_file():
+            return candidate
+    for root in (path, path / "checkpoints"):
+        if (root / checkpoint.LATEST).is_file():
+            return trainer_checkpoint_dir(checkpoint.resolve_checkpoint(root))
+    raise FileNotFoundError(f"{path}: not a checkpoint (no DCP .metadata in it or in {path / 'actor'}, and no "
+                            f"'{checkpoint.LATEST}' file in it or in {path / 'checkpoints'})")
+
+
+def checkpoint_buckets(trainer_dir: str | Path, bucket_bytes: int = SHARD_BYTES
+                       ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """The model weights of a trainer checkpoint (written by `TrainerWorker.save_checkpoint`) in
+    buckets of about `bucket_bytes`, each read from the DCP files when it is needed."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    reader = dcp.FileSystemReader(str(trainer_dir))
+    metadata = reader.read_metadata().state_dict_metadata
+    names = [key for key, item in metadata.items() if key.startswith("model.") and isinstance(item, TensorStorageMetadata)]
+    if not names:
+        raise ValueError(f"{trainer_dir}: the checkpoint holds no model weights")
+    bucket: dict[str, torch.Tensor] = {}
+    size_bytes = 0
+    for key in names:
+        item = metadata[key]
+        bucket[key] = torch.empty(item.size, dtype=item.properties.dtype)
+        size_bytes += bucket[key].numel() * bucket[key].element_size()
+        if size_bytes >= bucket_bytes or key == names[-1]:
+            dcp.load(bucket, storage_reader=reader, no_dist=True)
+            yield [(name.removeprefix("model."), tensor) for name, tensor in bucket.items()]
+            bucket, size_bytes = {}, 0
+
+
+def export_checkpoint(path: str | Path, out: str | Path, model_path: str | Path | None = None,
+                      dtype: torch.dtype | None = None) -> Path:
+    """Write the actor model of the checkpoint at `path` as a Hugging Face folder at `out`. The
+    config and tokenizer come from `model_path`, by default the run's model (its config.yaml)."""
+    trainer_dir = trainer_checkpoint_dir(path)
+    if model_path is None:
+        model_path = run_model_path(trainer_dir)
+    return write_hf_folder(checkpoint_buckets(trainer_dir), out, model_path, dtype=dtype)
+
+
+def run_model_path(trainer_dir: Path) -> Path:
+    """The model folder named by the config.yaml of the run that wrote `trainer_dir`
+    (output_dir/checkpoints/step_N/actor)."""
+    import yaml
+
+    run_config = trainer_dir.parents[2] / "config.yaml" if len(trainer_dir.parents) > 2 else None
+    if run_config is None or not run_config.is_file():
+        raise FileNotFoundError(f"{trainer_dir}: no run config.yaml three folders up to name the model; "
+                                "give the model folder (--model)")
+    model_path = Path(yaml.safe_load(run_config.read_text())["model"]["path"])
+    if not (model_path / "config.json").is_file():
+        raise FileNotFoundError(f"{run_config}: model.path {model_path} holds no config.json (a relative path "
+                                "is read from the current folder); give the model folder (--model)")
+    return model_path

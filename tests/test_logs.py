@@ -1,0 +1,77 @@
+"""What reaches the terminal and what only the log files get (`rlactors.logs`), each case in a
+fresh interpreter: logging's state is per process, as it is in every process of a run."""
+
+import subprocess
+import sys
+import textwrap
+
+VLLM_PROCESS = """
+import os
+from rlactors import logs
+logs.run_environment({log_dir!r}, verbose={verbose})
+os.environ.update(logs.vllm_environment({config_dir!r}))
+from vllm.config.logging import LoggingConfig
+from vllm.logger import configure_logging, init_logger
+configure_logging(LoggingConfig())  # what vLLM's engine core and workers do at start, from the environment
+log = init_logger("vllm.v1.worker.cpu_worker")
+log.info("setting pause state to PAUSED_NEW")
+log.warning("sleep mode is not supported on CPU, ignore it.")
+log.warning("KV cache is nearly full")
+log.error("engine core failed")
+"""
+
+RAY_WORKER = """
+import logging, warnings
+from rlactors import logs
+logs.run_environment({log_dir!r}, verbose={verbose})
+logs.configure_process()
+logging.getLogger("some.library").info("loaded 12 shards")
+logging.getLogger("rlactors.buffer").warning("prompt 7 dropped: too long")
+warnings.warn_explicit("old API", FutureWarning, "site-packages/dependency/module.py", 3)
+warnings.warn_explicit("check your data", UserWarning, "site-packages/dependency/module.py", 4)
+"""
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120,
+                          check=True)
+
+
+def log_text(folder) -> str:
+    return "".join(path.read_text() for path in sorted(folder.glob("*.log")))
+
+
+def test_vllm_processes_keep_info_and_harmless_warnings_in_the_file(tmp_path):
+    result = run_python(VLLM_PROCESS.format(log_dir=str(tmp_path / "logs"), config_dir=str(tmp_path), verbose=False))
+    terminal = result.stdout + result.stderr
+    assert "KV cache is nearly full" in terminal and "engine core failed" in terminal  # warnings and errors stay
+    assert "setting pause state" not in terminal and "sleep mode is not supported" not in terminal
+    [log_file] = (tmp_path / "logs").glob("vllm-*.log")
+    logged = log_file.read_text()
+    for message in ("setting pause state", "sleep mode is not supported", "KV cache is nearly full", "engine core failed"):
+        assert message in logged
+    assert "MainProcess pid=" in logged  # each line names its process
+
+
+def test_verbose_vllm_processes_show_everything_and_still_log_it(tmp_path):
+    result = run_python(VLLM_PROCESS.format(log_dir=str(tmp_path / "logs"), config_dir=str(tmp_path), verbose=True))
+    terminal = result.stdout + result.stderr
+    for message in ("setting pause state", "sleep mode is not supported", "KV cache is nearly full", "engine core failed"):
+        assert message in terminal
+    assert "setting pause state" in log_text(tmp_path / "logs")
+
+
+def test_a_process_logs_in_full_to_its_file_and_keeps_warnings_on_the_terminal(tmp_path):
+    result = run_python(RAY_WORKER.format(log_dir=str(tmp_path / "logs"), verbose=False))
+    terminal = result.stdout + result.stderr
+    assert "prompt 7 dropped: too long" in terminal and "check your data" in terminal
+    assert "loaded 12 shards" not in terminal and "old API" not in terminal
+    [log_file] = (tmp_path / "logs").glob("worker-*.log")  # outside an actor: named after the pid
+    logged = log_file.read_text()
+    for message in ("loaded 12 shards", "prompt 7 dropped: too long", "FutureWarning: old API"):
+        assert message in logged
+
+
+def test_verbose_process_shows_dependency_warnings(tmp_path):
+    result = run_python(RAY_WORKER.format(log_dir=str(tmp_path / "logs"), verbose=True))
+    assert "old API" in result.stderr and "prompt 7 dropped: too long" in result.stderr
