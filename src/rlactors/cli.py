@@ -3,6 +3,8 @@
     run CONFIG.yaml [key=value ...]   train (GRPO/DAPO/PPO, colocated or async) as the config says
     demo [key=value ...]              the CPU demo: warm up the small model on arithmetic, then GRPO
          (run and demo: --verbose shows every INFO line of vLLM, Ray and transformers)
+    eval CONFIG|MODEL_DIR [key=value] the engines and reward scorers over the validation set, no training:
+                                      output_dir/eval/report.json and samples.parquet
     export CHECKPOINT OUT [--model M] a saved checkpoint's actor as a Hugging Face folder at OUT
     plot METRICS.jsonl [-o OUT.png]   draw a metrics file
     smoke                             build the tiny model and generate through vLLM once
@@ -69,7 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("overrides", nargs="*", help="dotted.key=value")
     demo = commands.add_parser("demo", help="the CPU demo")
     demo.add_argument("overrides", nargs="*")
-    for command in (run, demo):
+    evaluate = commands.add_parser("eval", help="evaluate a model on the validation set")
+    evaluate.add_argument("target", help="a run's config YAML, or a Hugging Face model folder")
+    evaluate.add_argument("overrides", nargs="*", help="dotted.key=value")
+    for command in (run, demo, evaluate):
         command.add_argument("--verbose", action="store_true",
                              help="every INFO line of vLLM, Ray and transformers on the terminal (pipeline.verbose)")
     export = commands.add_parser("export", help="a checkpoint's actor as a Hugging Face folder")
@@ -110,6 +115,11 @@ def main(argv: list[str] | None = None) -> int:
             from rlactors.metrics import plot_metrics
 
             print(plot_metrics(args.metrics, args.output))
+            return 0
+        if args.command == "eval":
+            from rlactors.pipelines.evaluate import eval_config, run_eval
+
+            run_eval(eval_config(args.target, args.overrides))
             return 0
         if args.command == "export":
             return _export(args.checkpoint, args.out, args.model, args.dtype)

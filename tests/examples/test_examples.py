@@ -47,6 +47,7 @@ def test_example_runs_two_steps(ray_session, tmp_path, tiny_model_dir, name):
     if config.algorithm.advantage == "gae":
         assert "critic/vf_loss" in history[-1]
     assert history[-1]["staleness/max"] <= config.buffer.max_staleness
+    assert (tmp_path / "hf" / "step_2" / "model.safetensors.index.json").is_file()  # the final model, always
 
 
 def test_submit_script_is_valid_bash():

@@ -8,8 +8,8 @@ rollout data never passes through the driver.
     actor.update_policy(batch, temperature)                         # the ranks read batch.ref
 
 The Groups come from the buffer's object, the rows from the trainer ranks' results; the driver
-passes their refs and receives lengths and a few metrics. `validation_accuracy` does the same for
-scored validation groups. One actor for the run, on no reserved CPU: its work is list and tensor
+passes their refs and receives lengths and a few metrics. `validation_report` does the same for
+scored validation groups (and writes their per-sample parquet file). One actor for the run, on no reserved CPU: its work is list and tensor
 bookkeeping. The TrainBatches it puts belong to it and are freed once their refs are dropped.
 
 The numbers are those the driver computed before (the same functions in the same order, in
@@ -19,11 +19,12 @@ KL penalty if `kl_coef` is given), then GAE, RLOO or GRPO advantages.
 
 from __future__ import annotations
 
-import numpy as np
+from pathlib import Path
+
 import ray
 import torch
 
-from rlactors import algorithms
+from rlactors import algorithms, evaluation
 from rlactors.config import AlgorithmConfig
 from rlactors.trainer.batch import (
     TrainBatch,
@@ -90,8 +91,10 @@ def stored(batch: TrainBatch) -> TrainBatchRef:
 
 @ray.remote(num_cpus=0)
 class BatchBuilder:
-    def __init__(self, algorithm: AlgorithmConfig):
+    def __init__(self, algorithm: AlgorithmConfig, model_path: str | None = None):
         self.algorithm = algorithm
+        self.model_path = model_path  # its tokenizer decodes prompts for per-sample reports
+        self._tokenizer = None
 
     def assemble(self, groups: list[Group]) -> TrainBatchRef:
         """The TrainBatch of a sampled batch's Groups (passed as the buffer's ref), in group_id order
@@ -116,11 +119,20 @@ class BatchBuilder:
                                              merged(value_rows, "critic.compute_values"), self.algorithm, kl_coef)
         return stored(batch), metrics, current_kl
 
-    def validation_accuracy(self, *groups: Group) -> dict[str, float]:
-        """Mean accuracy (`score_details["acc"]`, else the score) per data source of scored groups."""
-        per_source: dict[str, list[float]] = {}
-        for group in groups:
-            for sample in group.samples:
-                value = sample.score_details.get("acc", sample.score)
-                per_source.setdefault(group.request.data_source, []).append(float(value or 0.0))
-        return {source: float(np.mean(values)) for source, values in sorted(per_source.items())}
+    def validation_report(self, *groups: Group, samples_path: str | None = None) -> dict[str, float]:
+        """Accuracy and pass@k per data source of scored groups (`rlactors.evaluation`); with
+        `samples_path`, also one parquet row per response there (prompt, response, score)."""
+        if samples_path is not None:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            if self._tokenizer is None:
+                from rlactors.models import load_tokenizer
+
+                self._tokenizer = load_tokenizer(self.model_path)
+            rows = evaluation.sample_rows(groups, lambda ids: self._tokenizer.decode(ids, skip_special_tokens=True))
+            path = Path(samples_path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(pa.Table.from_pylist(rows), path.with_name(path.name + ".tmp"))
+            path.with_name(path.name + ".tmp").replace(path)  # a reader never sees half a file
+        return evaluation.group_metrics(groups)

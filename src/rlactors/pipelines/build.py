@@ -165,7 +165,7 @@ def build_run(config: Config, model_path: str | None = None) -> Run:
         buffer = ReplayBuffer.options(**placement.near("actor")).remote(
             config.buffer, config.pipeline.batch_size_prompts, config.pipeline.trigger_parameter_sync_step,
             ledger_dir=str(output_dir / LEDGER_FOLDER))
-        builder = BatchBuilder.options(**placement.near("actor")).remote(algorithm)
+        builder = BatchBuilder.options(**placement.near("actor")).remote(algorithm, model_path)
     except BaseException:
         # Everything started so far, in and outside the placement groups; the error stays the one raised.
         stop_all(run_parts(trainers.values(), router, reward, buffer, builder), placement)

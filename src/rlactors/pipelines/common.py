@@ -24,6 +24,7 @@ from rlactors.config import Config
 from rlactors.metrics import MetricsLogger, plot_metrics
 from rlactors.pipelines.build import Run, requests_for
 from rlactors.trainer.batch import TrainBatchRef
+from rlactors.types import PromptRequest
 from rlactors.waits import get_within
 
 # Assembling a batch and its advantages is bookkeeping on data already in the object store: seconds
@@ -220,15 +221,25 @@ def rollout_metrics(sampled: SampledBatchRef, max_response_tokens: int) -> dict[
 
 
 def validate(run: Run) -> dict[str, float]:
-    """Greedy (by default) accuracy per data source on the validation prompts."""
+    """Accuracy, and pass@k with several responses per prompt, per data source on the validation
+    prompts (`rlactors.evaluation`); every response lands in output_dir/validation/step_N.parquet."""
     if not run.val_requests:
         return {}
-    sampling = run.config.rollout.validation_sampling
-    scored = [run.reward.score(ref) for _, ref in run.router.generate_refs(run.val_requests, sampling)]
-    bound_s = scoring_bound_s(run.config, len(scored), sampling.num_samples_per_prompt)
-    accuracy = get_within(run.builder.validation_accuracy.remote(*scored), bound_s,  # the groups are read there
-                          "batch_builder.validation_accuracy")
-    return {f"val/{source}/acc": value for source, value in accuracy.items()}
+    metrics = score_requests(run.router, run.reward, run.builder, run.val_requests, run.config,
+                             run.output_dir / "validation" / f"step_{run.step}.parquet")
+    return {f"val/{name}": value for name, value in metrics.items()}
+
+
+def score_requests(router, reward, builder, requests: list[PromptRequest], config: Config,
+                   samples_path: Path | None) -> dict[str, float]:
+    """Generate `requests` with the validation sampling, score them and report per data source
+    (the groups go engine -> scorer -> builder; the driver gets the numbers). Training's
+    validation and `python -m rlactors eval` both run this."""
+    sampling = config.rollout.validation_sampling
+    scored = [reward.score(ref) for _, ref in router.generate_refs(requests, sampling)]
+    bound_s = scoring_bound_s(config, len(scored), sampling.num_samples_per_prompt)
+    report = builder.validation_report.remote(*scored, samples_path=str(samples_path) if samples_path else None)
+    return get_within(report, bound_s, "batch_builder.validation_report")  # the groups are read there
 
 
 def throughput(sampled: SampledBatchRef, step_s: float, num_devices: int) -> float:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -138,19 +139,21 @@ def checkpoint_buckets(trainer_dir: str | Path, bucket_bytes: int = SHARD_BYTES
         bucket[key] = torch.empty(item.size, dtype=item.properties.dtype)
         size_bytes += bucket[key].numel() * bucket[key].element_size()
         if size_bytes >= bucket_bytes or key == names[-1]:
-            dcp.load(bucket, storage_reader=reader, no_dist=True)
+            with warnings.catch_warnings():  # "torch.distributed is ... uninitialized": no_dist says so
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+                dcp.load(bucket, storage_reader=reader, no_dist=True)
             yield [(name.removeprefix("model."), tensor) for name, tensor in bucket.items()]
             bucket, size_bytes = {}, 0
 
 
 def export_checkpoint(path: str | Path, out: str | Path, model_path: str | Path | None = None,
-                      dtype: torch.dtype | None = None) -> Path:
+                      dtype: torch.dtype | None = None, shard_bytes: int = SHARD_BYTES) -> Path:
     """Write the actor model of the checkpoint at `path` as a Hugging Face folder at `out`. The
     config and tokenizer come from `model_path`, by default the run's model (its config.yaml)."""
     trainer_dir = trainer_checkpoint_dir(path)
     if model_path is None:
         model_path = run_model_path(trainer_dir)
-    return write_hf_folder(checkpoint_buckets(trainer_dir), out, model_path, dtype=dtype)
+    return write_hf_folder(checkpoint_buckets(trainer_dir, shard_bytes), out, model_path, dtype=dtype)
 
 
 def run_model_path(trainer_dir: Path) -> Path:
