@@ -1,9 +1,13 @@
 """What reaches the terminal and what only the log files get (`rlactors.logs`), each case in a
 fresh interpreter: logging's state is per process, as it is in every process of a run."""
 
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+
+import pytest
 
 VLLM_PROCESS = """
 import os
@@ -75,3 +79,31 @@ def test_a_process_logs_in_full_to_its_file_and_keeps_warnings_on_the_terminal(t
 def test_verbose_process_shows_dependency_warnings(tmp_path):
     result = run_python(RAY_WORKER.format(log_dir=str(tmp_path / "logs"), verbose=True))
     assert "old API" in result.stderr and "prompt 7 dropped: too long" in result.stderr
+
+
+QUICKSTART = Path(__file__).resolve().parents[1] / "examples" / "quickstart_cpu.yaml"
+# Per-step vLLM lines that used to reach the terminal on every training step.
+PER_STEP_LINES = ("setting pause state", "Successfully reset prefix cache", "sleep mode is not supported",
+                  "Failed to load weights")
+
+
+@pytest.mark.vllm
+def test_a_run_prints_little_and_logs_everything(tmp_path, tiny_model_dir):
+    """`python -m rlactors run` with its own local Ray: the terminal keeps the progress bar, the
+    validation lines and the paths; each step's vLLM lines land in the log folder only."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS" and not k.startswith("RLACTORS_")}
+    overrides = [f"model.path={tiny_model_dir}", "model.dtype=auto", "data.num_train_rows=32", "data.num_val_rows=4",
+                 "rollout.max_model_len=64", "rollout.sampling.max_response_tokens=4",
+                 "rollout.sampling.num_samples_per_prompt=2", "rollout.validation_sampling.max_response_tokens=4",
+                 "pipeline.num_steps=3", "pipeline.batch_size_prompts=2", "pipeline.val_every_steps=0",
+                 "pipeline.resume=never", f"pipeline.output_dir={tmp_path}"]
+    result = subprocess.run([sys.executable, "-m", "rlactors", "run", str(QUICKSTART), *overrides], env=env,
+                            capture_output=True, text=True, timeout=600)
+    terminal = result.stdout + result.stderr
+    assert result.returncode == 0, terminal[-3000:]
+    lines = [line for line in terminal.replace("\r", "\n").splitlines() if line.strip() and not line.startswith("steps:")]
+    assert len(lines) <= 25, "\n".join(lines)
+    assert not [line for line in lines if any(text in line for text in PER_STEP_LINES)]
+    assert f"model: {tmp_path / 'hf' / 'step_3'}" in terminal and "step 3: val/" in terminal
+    logged = log_text(tmp_path / "logs")
+    assert sum(logged.count(text) for text in PER_STEP_LINES) >= 3  # each step's lines, kept in the files

@@ -54,7 +54,22 @@ def test_submit_script_is_valid_bash():
     subprocess.run(["bash", "-n", str(EXAMPLES / "submit_ray_job.sh")], check=True)
 
 
-def test_notebook_executes(ray_session, tmp_path, monkeypatch):
+NOTEBOOK_CHECKS = """
+import json, math
+print(json.dumps({
+    "samples": samples, "num_trained_once": num_trained_once, "final": final,
+    "history": [{k: v for k, v in m.items() if k in PLOTTED} for m in history],
+    "other_history": [{k: v for k, v in m.items() if k in PLOTTED} for m in other_history],
+    "lines": [[list(map(float, line.get_ydata())) for line in axis.lines] for axis in axes],
+    "versions": [run.policy_version, other.policy_version],
+}))
+"""
+
+
+def test_notebook_executes_and_shows_real_values(ray_session, tmp_path, monkeypatch):
+    import json
+    import math
+
     import nbformat
     from nbclient import NotebookClient
 
@@ -62,6 +77,23 @@ def test_notebook_executes(ray_session, tmp_path, monkeypatch):
     monkeypatch.setenv("RLACTORS_NOTEBOOK_OUTPUT", str(tmp_path))
     monkeypatch.setenv("RLACTORS_NOTEBOOK_STEPS", "2")
     notebook = nbformat.read(EXAMPLES / "notebook.ipynb", as_version=4)
+    notebook.cells.append(nbformat.v4.new_code_cell(NOTEBOOK_CHECKS))
     NotebookClient(notebook, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
-    outputs = "".join(o.get("text", "") for cell in notebook.cells for o in cell.get("outputs", []))
-    assert "prompts trained exactly once so far" in outputs
+    checks = json.loads(notebook.cells[-1].outputs[0]["text"])
+
+    # The group looked at: every response token with its logprob and the policy version that made it.
+    assert len(checks["samples"]) == 4
+    for sample in checks["samples"]:
+        assert len(sample["tokens"]) == len(sample["logprobs"]) == len(sample["versions"]) > 0
+        assert all(logprob <= 0 for logprob in sample["logprobs"]) and set(sample["versions"]) == {0}
+        assert 0.0 <= sample["reward"] <= 1.0
+    # Two steps of each run, real numbers, and the plots hold them: one line per run on each axis.
+    for history in (checks["history"], checks["other_history"]):
+        assert len(history) == 2
+        assert all(isinstance(m["reward/mean"], float) and 0.0 <= m["reward/mean"] <= 1.0 for m in history)
+        assert all(math.isfinite(m["actor/ppo_kl"]) for m in history)
+    for axis, name in zip(checks["lines"], ("reward/mean", "actor/ppo_kl", "response_length/mean"), strict=True):
+        assert axis == [[m[name] for m in checks["history"]], [m[name] for m in checks["other_history"]]]
+    assert checks["versions"] == [2, 2]  # each step's weights reached the engines
+    assert [key for key in checks["final"] if key.endswith("/acc")] and checks["num_trained_once"] == 8
+    assert any((tmp_path / "logs").glob("vllm-*.log"))  # the engines' full log, off the notebook
