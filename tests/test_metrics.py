@@ -1,3 +1,4 @@
+import re
 import subprocess
 import sys
 
@@ -5,6 +6,7 @@ import pytest
 
 from rlactors.config import load_config
 from rlactors.metrics import MetricsLogger, plot_metrics, read_metrics
+from rlactors.preflight import PreflightError, check_config
 from rlactors.trackers import TrackerError
 
 
@@ -103,6 +105,9 @@ def test_a_named_tracker_whose_package_is_missing_fails_at_start(tmp_path, monke
         MetricsLogger(tmp_path, progress=False, loggers=loggers)
     assert "pipeline.loggers" in str(error.value) and install in str(error.value) and repr(name) in str(error.value)
     assert not (tmp_path / "wandb").exists() and not (tmp_path / "mlruns").exists()
+    config = load_config(None, [f"pipeline.loggers=[{', '.join(loggers)}]"])
+    with pytest.raises(PreflightError, match=r"pipeline\.loggers.*" + re.escape(install)):
+        check_config(config, tmp_path)
 
 
 def test_tensorboard_missing_is_skipped_only_in_the_default_list(tmp_path, monkeypatch):
