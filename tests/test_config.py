@@ -79,3 +79,14 @@ def test_building_a_model_needs_a_preset():
     config = load_config(None, ["model.build_if_missing=true", "model.preset=tiny"])
     assert (config.model.build_if_missing, config.model.preset) == (True, "tiny")
     assert Config().model.build_if_missing is False and Config().model.preset is None  # nothing is built unasked
+
+
+def test_loggers_default_keep_jsonl_and_refuse_unknown_names():
+    assert load_config(None).pipeline.loggers == ["jsonl", "tensorboard"]
+    assert load_config(None, ["pipeline.loggers=[jsonl, wandb, mlflow]"]).pipeline.loggers == ["jsonl", "wandb", "mlflow"]
+    with pytest.raises(ConfigError) as error:
+        load_config(None, ["pipeline.loggers=[jsonl, neptune]"])
+    message = str(error.value)
+    assert "pipeline.loggers" in message and "'neptune'" in message and "'wandb'" in message and "'mlflow'" in message
+    with pytest.raises(ConfigError, match=r"pipeline\.loggers: .*must include 'jsonl'"):
+        load_config(None, ["pipeline.loggers=[wandb]"])

@@ -15,7 +15,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+# What `pipeline.loggers` is when not set; tensorboard in it may be missing (see that field).
+DEFAULT_LOGGERS = ("jsonl", "tensorboard")
 
 
 class ConfigError(ValueError):
@@ -349,6 +352,30 @@ class PipelineConfig(_Section):
         False, description="Show every INFO line of vLLM, Ray and transformers on the terminal, and known-harmless "
         "warnings (also `--verbose`). Either way each process's full log lands under output_dir/logs.",
     )
+    loggers: list[Literal["jsonl", "tensorboard", "wandb", "mlflow"]] = Field(
+        default_factory=lambda: list(DEFAULT_LOGGERS),
+        description="Where step metrics go, under the same names in each (`reward/mean`, `val/<source>/acc`, ...), "
+        "with the resolved config logged once at start. jsonl (output_dir/metrics.jsonl) must stay in the list: "
+        "the driver reads it back for the plot. tensorboard writes output_dir/tensorboard; when the list is jsonl "
+        "and tensorboard alone (the default) it is skipped if torch.utils.tensorboard does not import, otherwise "
+        "that is an error. wandb and mlflow need `pip install 'rlactors[trackers]'` (a missing one is an error "
+        "before the run starts); wandb follows WANDB_MODE (offline: files under output_dir/wandb), mlflow "
+        "MLFLOW_TRACKING_URI (unset: a local store in output_dir/mlruns).",
+    )
+    project: str = Field(
+        "rlactors", min_length=1, description="wandb project and mlflow experiment the run is logged under."
+    )
+    run_name: str | None = Field(
+        None, description="Run name in wandb and mlflow; null: the folder name of output_dir."
+    )
+
+    @field_validator("loggers")
+    @classmethod
+    def _jsonl_stays(cls, loggers: list[str]) -> list[str]:
+        if "jsonl" not in loggers:
+            raise ValueError("must include 'jsonl' (output_dir/metrics.jsonl, which the driver reads back for "
+                             "the plot); add the other trackers beside it")
+        return list(dict.fromkeys(loggers))
 
 
 class Config(_Section):

@@ -1,5 +1,6 @@
-"""What a user sees of a run: a JSONL metrics file always, TensorBoard when installed, a progress
-bar and one line per validation on the terminal, and a PNG of the key curves (`plot_metrics`, also `python -m rlactors plot`).
+"""What a user sees of a run: a JSONL metrics file always, TensorBoard, wandb and mlflow as
+`pipeline.loggers` names them (`rlactors.trackers`), a progress bar and one line per validation on the
+terminal, and a PNG of the key curves (`plot_metrics`, also `python -m rlactors plot`).
 
 Metric names follow veRL's: `reward/mean`, `val/<data_source>/acc`, `actor/ppo_kl`, `timing_s/step`, ...
 """
@@ -8,7 +9,11 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
+
+from rlactors.config import DEFAULT_LOGGERS
+from rlactors.trackers import close_all, open_trackers
 
 PLOTTED = [
     ("reward/mean", "training reward"),
@@ -33,22 +38,19 @@ def _matching(record: dict, pattern: str) -> dict[str, float]:
 
 
 class MetricsLogger:
-    """Writes one JSON object per step to `metrics.jsonl` (the step under key "step"); a resumed
-    run appends to the file, a fresh one starts it anew."""
+    """Fans each step's metrics out to the trackers in `loggers` under the same names. jsonl writes
+    one JSON object per step to `metrics.jsonl` (the step under key "step"); a resumed run appends
+    to it, a fresh one starts it anew. `config` (a plain dict of the resolved config) is logged once
+    to each tracker at start; `run_name` defaults to the folder name of `output_dir`."""
 
     def __init__(self, output_dir: str | Path, total_steps: int | None = None, progress: bool = True,
-                 append: bool = False):
+                 append: bool = False, loggers: Sequence[str] = DEFAULT_LOGGERS, config: dict | None = None,
+                 project: str = "rlactors", run_name: str | None = None):
         self.output_dir = Path(output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.output_dir / "metrics.jsonl"
-        self._file = open(self.path, "a" if append else "w")
-        self._tensorboard = None
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tensorboard = SummaryWriter(str(self.output_dir / "tensorboard"))
-        except ImportError:
-            pass
+        self.trackers = open_trackers(loggers, self.output_dir, append=append, config=config or {},
+                                      project=project, run_name=run_name or self.output_dir.resolve().name)
         self._bar = None
         if progress:
             from tqdm.auto import tqdm
@@ -56,13 +58,9 @@ class MetricsLogger:
             self._bar = tqdm(total=total_steps, desc="steps", dynamic_ncols=True)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        record = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
-        if self._tensorboard is not None:
-            for key, value in record.items():
-                if key != "step" and isinstance(value, int | float) and math.isfinite(value):
-                    self._tensorboard.add_scalar(key, value, step)
+        record = {k: _plain(v) for k, v in metrics.items()}
+        for tracker in self.trackers:
+            tracker.log(step, record)
         validation = {k: v for k, v in record.items() if k.startswith("val/") and isinstance(v, int | float)}
         if validation:
             self.write(f"step {step}: " + ", ".join(f"{k} {v:.3g}" for k, v in sorted(validation.items())))
@@ -83,11 +81,9 @@ class MetricsLogger:
             print(line, flush=True)
 
     def close(self) -> None:
-        self._file.close()
-        if self._tensorboard is not None:
-            self._tensorboard.close()
         if self._bar is not None:
             self._bar.close()
+        close_all(self.trackers)
 
 
 def _plain(value):

@@ -9,9 +9,10 @@
 
 Each refuses what would otherwise fail only at the first batch, after minutes of engine and
 trainer start-up, or fail inside the engine for one prompt: a training temperature of 0, a
-custom reward function that does not load, a resume path that is no checkpoint, dynamic sampling
-over groups of one, fewer sequences than mini-batches, a context longer than the model's, and a
-prompt that leaves no room for its response. A failure is a `PreflightError` naming the setting
+custom reward function that does not load, a resume path that is no checkpoint, a tracker in
+pipeline.loggers whose package is missing, dynamic sampling over groups of one, fewer sequences
+than mini-batches, a context longer than the model's, and a prompt that leaves no room for its
+response. A failure is a `PreflightError` naming the setting
 (dotted path), file or prompt_id and the numbers involved. Nothing here starts Ray or an actor.
 """
 
@@ -42,6 +43,17 @@ def check_config(config: Config, output_dir: str | Path) -> None:
     check_batches(config)
     check_reward_function(config.reward.custom_function)
     check_resume(config.pipeline.resume, output_dir)
+    check_trackers(config.pipeline.loggers)
+
+
+def check_trackers(loggers: list[str]) -> None:
+    """A tracker whose package is missing would otherwise fail only when the first metrics are logged."""
+    from rlactors.trackers import TrackerError, check_installed
+
+    try:
+        check_installed(loggers)
+    except TrackerError as error:
+        raise PreflightError(str(error)) from None
 
 
 def check_sampling(config: Config) -> None:

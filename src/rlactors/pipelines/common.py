@@ -263,7 +263,10 @@ def begin(run: Run, history: list[dict]) -> MetricsLogger:
         load_run(run, resume_from)
         publish_weights(run)  # the engines started from the model folder
         print(f"resumed from {resume_from} at step {run.step}, policy_version {run.policy_version}")
-    logger = MetricsLogger(run.output_dir, run.config.pipeline.num_steps, append=resume_from is not None)
+    pipeline = run.config.pipeline
+    logger = MetricsLogger(run.output_dir, pipeline.num_steps, append=resume_from is not None, loggers=pipeline.loggers,
+                           config=run.config.model_dump(mode="json"), project=pipeline.project,
+                           run_name=pipeline.run_name)
     if run.step == 0:
         metrics = validate(run)
         logger.log(0, metrics)
