@@ -21,7 +21,7 @@ class RayStarted(Exception):
 
 @pytest.fixture(autouse=True)
 def tripwire(monkeypatch):
-    def refuse_to_start():
+    def refuse_to_start(*args, **kwargs):
         raise RayStarted("build_run reached init_ray(): nothing refused the run")
 
     monkeypatch.setattr(build, "init_ray", refuse_to_start)
