@@ -5,11 +5,17 @@ that every process of the run inherits (Ray's runtime env for its workers, the e
 vLLM's own processes):
 
 - `RLACTORS_LOG_DIR`: each process's full log lands in a file there (`output_dir/logs/`):
-  `<Actor class>-<pid>.log` for a Ray actor's Python log records and the warnings it raised,
-  `vllm-<host>.log` for every vLLM process of that node (each line names its process and pid).
+  `<Actor class>-<pid>.log` for a Ray actor's Python log records and the warnings kept off the
+  terminal, `driver-<pid>.log` for the driver's, `vllm-<host>.log` for every vLLM process of that
+  node (each line names its process and pid). What a process prints itself stays where Ray keeps
+  it (its session's `logs/worker-*.out|err`) and, unless filtered below, on the terminal.
 - `RLACTORS_VERBOSE`: unset or "0", the terminal gets vLLM, Ray and transformers at WARNING and
-  above, less the known-harmless messages in `HARMLESS` and dependencies' deprecation warnings;
-  "1", it gets everything as before. Errors always reach the terminal.
+  above, less the known-harmless messages in `HARMLESS` and dependencies' deprecation warnings
+  (in vLLM's own processes those are dropped at interpreter start: `PYTHONWARNINGS`); "1", it
+  gets everything as before. Errors always reach the terminal.
+
+Two lines per engine start still get through on CPU: vLLM's engine core and worker warn that Triton
+has no CPU backend while they unpickle their config, before vLLM sets up their logging.
 
 `configure_process` applies this in a process: Ray runs it in every worker of the run (the
 runtime env's `worker_process_setup_hook`) and the driver calls it itself; `vllm_environment`
@@ -122,16 +128,17 @@ def vllm_environment(config_folder: str | Path) -> dict[str, str]:
 
 
 class ActorLogFile(logging.Handler):
-    """A Ray worker's log file, opened at its first record and named after the actor it then
-    hosts (`TrainerWorker-1234.log`); a worker running tasks only is `worker-<pid>.log`."""
+    """A process's log file, opened at its first record and named after the actor the Ray worker
+    then hosts (`TrainerWorker-1234.log`), else `name` (`worker-<pid>.log` for a task's worker)."""
 
-    def __init__(self, level: int = logging.INFO):
+    def __init__(self, name: str = "worker", level: int = logging.INFO):
         super().__init__(level)
+        self.name = name
         self._file: logging.FileHandler | None = None
 
     def emit(self, record: logging.LogRecord) -> None:
         if self._file is None:
-            self._file = _log_file(f"{_actor_class() or 'worker'}-{os.getpid()}")
+            self._file = _log_file(f"{_actor_class() or self.name}-{os.getpid()}")
             self._file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         self._file.emit(record)
 
@@ -153,18 +160,18 @@ def _actor_class() -> str | None:
         return None
 
 
-def configure_process() -> None:
+def configure_process(name: str = "worker") -> None:
     """In a process of the run (Ray worker, driver): Python log records at INFO and the warnings
     kept off the terminal go to this process's log file; the terminal keeps WARNING and above,
     less `HARMLESS` and dependencies' deprecation warnings unless verbose. Never raises: a worker
     must start regardless."""
     try:
-        _configure(is_verbose())
+        _configure(is_verbose(), name)
     except Exception as error:  # noqa: BLE001
         logging.getLogger(__name__).warning("logging set-up failed, keeping the defaults: %s", error)
 
 
-def _configure(verbose: bool) -> None:
+def _configure(verbose: bool, name: str) -> None:
     root = logging.getLogger()
     log_file = next((h for h in root.handlers if isinstance(h, ActorLogFile)), None)
     if log_file is None and LOG_DIR_ENV in os.environ:
@@ -174,7 +181,7 @@ def _configure(verbose: bool) -> None:
         for handler in root.handlers:
             if handler.level == logging.NOTSET:
                 handler.setLevel(logging.WARNING)
-        log_file = ActorLogFile()
+        log_file = ActorLogFile(name)
         root.addHandler(log_file)
         root.setLevel(min(root.getEffectiveLevel(), logging.INFO))
     if verbose:

@@ -74,6 +74,7 @@ def test_the_checkpoint_export_equals_the_live_one(trained, tiny_model_dir, tmp_
     assert live.keys() == from_checkpoint.keys()
     assert all(torch.equal(live[name], from_checkpoint[name]) for name in live)
     assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in live.values())
+    assert len({path.stat().st_mode & 0o777 for path in out.iterdir()}) == 1  # shards as readable as the rest
 
 
 def test_export_command_reads_any_checkpoint_path(trained, tiny_model_dir, tmp_path):

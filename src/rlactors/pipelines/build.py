@@ -41,7 +41,7 @@ def init_ray(log_dir: Path | None = None, verbose: bool = False) -> None:
     if ray.is_initialized():
         return
     env = {"TOKENIZERS_PARALLELISM": "false", **logs.run_environment(log_dir, verbose)}
-    logs.configure_process()  # this driver, as the hook does in every worker
+    logs.configure_process("driver")  # as the hook does in every worker
     options = {"runtime_env": {"env_vars": env, "worker_process_setup_hook": logs.SETUP_HOOK},
                "logging_level": logging.INFO if verbose else logging.WARNING}
     if os.environ.get("RAY_ADDRESS"):

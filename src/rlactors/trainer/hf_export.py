@@ -74,6 +74,10 @@ def write_hf_folder(buckets: Iterable[list[tuple[str, torch.Tensor]]], out: str 
         raise ValueError(f"exporting to {out}: no weights were given")
     (temp / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total_bytes},
                                                "weight_map": dict(sorted(weight_map.items()))}, indent=2))
+    for shard in set(weight_map.values()):
+        # safetensors writes owner-only files; a model folder is read by other users and services
+        # (`vllm serve`): the shards get the permissions of any new file here, the index's.
+        shutil.copymode(temp / INDEX_FILE, temp / shard)
     if architecture:
         config.architectures = [architecture]
     config.dtype = dtype
