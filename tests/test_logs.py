@@ -107,3 +107,4 @@ def test_a_run_prints_little_and_logs_everything(tmp_path, tiny_model_dir):
     assert f"model: {tmp_path / 'hf' / 'step_3'}" in terminal and "step 3: val/" in terminal
     logged = log_text(tmp_path / "logs")
     assert sum(logged.count(text) for text in PER_STEP_LINES) >= 3  # each step's lines, kept in the files
+    assert any((tmp_path / "logs" / "ray").glob("worker-*.out"))  # every worker's raw output, through Ray's folder

@@ -94,8 +94,8 @@ def run_demo(overrides: list[str] | None = None) -> int:
     seed_everything(config.pipeline.seed)
     output_dir = Path(config.pipeline.output_dir)
     started = time.perf_counter()
-    base = ensure_run_model(config.model, output_dir)  # demo.yaml asks for the small model to be built
     init_ray(output_dir.absolute() / "logs", config.pipeline.verbose)
+    base = ensure_run_model(config.model, output_dir)  # demo.yaml asks for the small model to be built
     warm = warm_up(config, base, output_dir / "warm_model")
     print(f"warm-up done in {time.perf_counter() - started:.0f} s; GRPO starts from {warm}", flush=True)
     history = run_colocated(config, model_path=str(warm))

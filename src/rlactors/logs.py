@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import warnings
 from pathlib import Path
 
@@ -59,6 +60,29 @@ QUIET_CATEGORIES = (DeprecationWarning, PendingDeprecationWarning, FutureWarning
 
 def is_verbose() -> bool:
     return os.environ.get(VERBOSE_ENV, "0") == "1"
+
+
+def set_up_driver(log_dir: str | Path | None, verbose: bool) -> dict[str, str]:
+    """Before a run's first model load or Ray start, in its driver: the run's variables
+    (`run_environment`), and this process's logging as every worker's will be."""
+    env = run_environment(log_dir, verbose)
+    configure_process("driver")
+    return env
+
+
+def link_ray_logs(log_dir: str | Path) -> None:
+    """`log_dir/ray`: a link to this node's Ray session logs, where every worker's raw stdout and
+    stderr are (`worker-*.out|err`) and Ray's own (`raylet.out`, ...). Other nodes keep theirs."""
+    from rlactors.session import session_dir
+
+    link = Path(log_dir) / "ray"
+    try:
+        if link.is_symlink():
+            link.unlink()
+        if not link.exists():
+            link.symlink_to(Path(session_dir()) / "logs", target_is_directory=True)
+    except OSError as error:  # a filesystem without links: the logs stay where Ray keeps them
+        logging.getLogger(__name__).info("no link to Ray's session logs at %s: %s", link, error)
 
 
 def run_environment(log_dir: str | Path | None, verbose: bool) -> dict[str, str]:
@@ -191,6 +215,12 @@ def _configure(verbose: bool, name: str) -> None:
             if not isinstance(handler, ActorLogFile | logging.FileHandler) and not any(
                     isinstance(f, KnownHarmless) for f in handler.filters):
                 handler.addFilter(KnownHarmless())
+    if "transformers" in sys.modules:
+        # transformers reads HF_HUB_DISABLE_PROGRESS_BARS at import: a process that has it
+        # already (the driver) is told directly.
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
     _route_quiet_warnings(log_file)
 
 

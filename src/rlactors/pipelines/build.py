@@ -40,8 +40,7 @@ def init_ray(log_dir: Path | None = None, verbose: bool = False) -> None:
     errors only unless `verbose` (`rlactors.logs`). A Ray already started is left as it is."""
     if ray.is_initialized():
         return
-    env = {"TOKENIZERS_PARALLELISM": "false", **logs.run_environment(log_dir, verbose)}
-    logs.configure_process("driver")  # as the hook does in every worker
+    env = {"TOKENIZERS_PARALLELISM": "false", **logs.set_up_driver(log_dir, verbose)}
     options = {"runtime_env": {"env_vars": env, "worker_process_setup_hook": logs.SETUP_HOOK},
                "logging_level": logging.INFO if verbose else logging.WARNING}
     if os.environ.get("RAY_ADDRESS"):
@@ -49,6 +48,8 @@ def init_ray(log_dir: Path | None = None, verbose: bool = False) -> None:
     else:
         # A new local instance: a bare ray.init() would join whatever `ray start` left running here.
         ray.init(address="local", include_dashboard=False, **options)
+    if log_dir is not None:
+        logs.link_ray_logs(log_dir)
 
 
 def seed_everything(seed: int) -> None:
@@ -124,6 +125,8 @@ def build_run(config: Config, model_path: str | None = None) -> Run:
     output_dir = Path(config.pipeline.output_dir).absolute()  # once: every actor on every node gets this path
     output_dir.mkdir(parents=True, exist_ok=True)
     dump_config(config, output_dir / "config.yaml")
+    if not ray.is_initialized():  # as init_ray: a Ray started by the caller keeps the caller's logging
+        logs.set_up_driver(output_dir / "logs", config.pipeline.verbose)  # before the first model load
     seed_everything(config.pipeline.seed)
     # An impossible run is refused here, before Ray or any actor starts (see rlactors.preflight).
     preflight.check_config(config, output_dir)
