@@ -60,7 +60,8 @@ def test_every_tracker_gets_the_same_names_steps_and_the_config(tmp_path, monkey
     logger = MetricsLogger(output_dir, 3, progress=False, loggers=config.pipeline.loggers,
                            config=config.model_dump(mode="json"), project=config.pipeline.project)
     logged = {step: {"reward/mean": 0.25 * step, "val/synthetic/arithmetic/acc": 0.5 + 0.1 * step,
-                     "actor/ppo_kl": float("nan"), "note": "text"} for step in range(3)}
+                     "val/synthetic/arithmetic/pass@2": 0.75, "actor/ppo_kl": float("nan"), "note": "text"}
+              for step in range(3)}
     for step, metrics in logged.items():
         logger.log(step, metrics)
     logger.close()
@@ -88,6 +89,9 @@ def test_every_tracker_gets_the_same_names_steps_and_the_config(tmp_path, monkey
     history = client.get_metric_history(mlflow_tracker.run_id, "reward/mean")
     assert sorted((m.step, m.value) for m in history) == [(s, 0.25 * s) for s in range(3)]
     assert client.get_metric_history(mlflow_tracker.run_id, "actor/ppo_kl") == []
+    # mlflow refuses "@" in a name: pass@k is pass_at_k there, and only there.
+    assert [m.value for m in client.get_metric_history(mlflow_tracker.run_id, "val/synthetic/arithmetic/pass_at_2")] \
+        == [0.75] * 3
     run = client.get_run(mlflow_tracker.run_id)
     assert (run.info.status, run.info.run_name) == ("FINISHED", "run")
     assert run.data.params["trainer.optim.lr"] == "0.0005"
@@ -119,3 +123,20 @@ def test_tensorboard_missing_is_skipped_only_in_the_default_list(tmp_path, monke
     assert not (tmp_path / "tensorboard").exists()
     with pytest.raises(TrackerError, match="must include 'jsonl'"):
         MetricsLogger(tmp_path, progress=False, loggers=["tensorboard"])
+
+
+def test_online_wandb_without_a_key_is_refused_before_the_run(tmp_path, monkeypatch):
+    from rlactors.trackers import check_installed
+
+    for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc: never logged in
+    monkeypatch.setenv("NETRC", str(tmp_path / ".netrc"))
+    with pytest.raises(TrackerError, match="WANDB_MODE=offline"):
+        check_installed(["jsonl", "wandb"])
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    check_installed(["jsonl", "wandb"])
+    monkeypatch.delenv("WANDB_MODE")
+    (tmp_path / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password abc123\n")
+    (tmp_path / ".netrc").chmod(0o600)
+    check_installed(["jsonl", "wandb"])

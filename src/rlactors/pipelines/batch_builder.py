@@ -8,8 +8,8 @@ rollout data never passes through the driver.
     actor.update_policy(batch, temperature)                         # the ranks read batch.ref
 
 The Groups come from the buffer's object, the rows from the trainer ranks' results; the driver
-passes their refs and receives lengths and a few metrics. `validation_report` does the same for
-scored validation groups (and writes their per-sample parquet file). One actor for the run, on no reserved CPU: its work is list and tensor
+passes their refs and receives lengths and a few metrics. `validation_report` does the same
+for scored validation groups (and writes their per-sample parquet file). One actor for the run, on no reserved CPU: its work is list and tensor
 bookkeeping. The TrainBatches it puts belong to it and are freed once their refs are dropped.
 
 The numbers are those the driver computed before (the same functions in the same order, in
@@ -26,6 +26,7 @@ import torch
 
 from rlactors import algorithms, evaluation
 from rlactors.config import AlgorithmConfig
+from rlactors.durable import write_durably
 from rlactors.trainer.batch import (
     TrainBatch,
     TrainBatchRef,
@@ -131,8 +132,8 @@ class BatchBuilder:
 
                 self._tokenizer = load_tokenizer(self.model_path)
             rows = evaluation.sample_rows(groups, lambda ids: self._tokenizer.decode(ids, skip_special_tokens=True))
-            path = Path(samples_path)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            pq.write_table(pa.Table.from_pylist(rows), path.with_name(path.name + ".tmp"))
-            path.with_name(path.name + ".tmp").replace(path)  # a reader never sees half a file
+            sink = pa.BufferOutputStream()
+            pq.write_table(pa.Table.from_pylist(rows), sink)
+            Path(samples_path).parent.mkdir(parents=True, exist_ok=True)
+            write_durably(samples_path, sink.getvalue().to_pybytes())  # a reader never sees half a file
         return evaluation.group_metrics(groups)

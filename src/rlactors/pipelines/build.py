@@ -79,6 +79,7 @@ class Run:
     weight_sync: WeightSyncSettings | None = None  # how the actor's weights reach the engines
     step: int = 0
     policy_version: int = 0
+    exported_step: int | None = None  # the step of this process's last Hugging Face export
 
     @property
     def num_devices(self) -> int:

@@ -288,25 +288,52 @@ def end_step(run: Run, logger: MetricsLogger, sampled: SampledBatchRef, metrics:
     metrics["policy_version"] = run.policy_version
     if (pipeline.val_every_steps and run.step % pipeline.val_every_steps == 0) or run.step == pipeline.num_steps:
         metrics |= validate(run)
-    if pipeline.checkpoint_every_steps and run.step % pipeline.checkpoint_every_steps == 0:
-        save_run(run)
-    if pipeline.export_hf_every_steps and run.step % pipeline.export_hf_every_steps == 0:
-        export_hf(run)
+    checkpoint_due = pipeline.checkpoint_every_steps and run.step % pipeline.checkpoint_every_steps == 0
+    export_due = pipeline.export_hf_every_steps and run.step % pipeline.export_hf_every_steps == 0
+    if checkpoint_due or export_due:
+        with trainer_turn(run):
+            if export_due:  # first: a run resumed from this step's checkpoint has its export
+                export_hf(run)
+            if checkpoint_due:
+                save_run(run)
     logger.log(run.step, metrics)
     return {"step": run.step, **metrics}
 
 
+@contextlib.contextmanager
+def trainer_turn(run: Run, wake_up: bool = True):
+    """The device to the trainers for a checkpoint or an export between steps. Colocated with
+    `trainer.offload`, the engines are awake there and the trainers' state comes back onto the
+    device for the gathers, so the engines sleep meanwhile; afterwards they wake (at sleep level 2,
+    which drops the weights, after the same weights are sent again). Elsewhere: nothing to do."""
+    if run.config.pipeline.mode != "colocated" or not run.config.trainer.offload:
+        yield
+        return
+    run.router.sleep()
+    yield
+    if wake_up:
+        if run.config.rollout.sleep_level == 2:
+            publish_weights(run)
+        run.router.wake_up()
+
+
+def hf_folder(run: Run) -> Path:
+    return run.output_dir / "hf" / f"step_{run.step}"
+
+
 def export_hf(run: Run) -> Path:
     """The actor as a Hugging Face folder, output_dir/hf/step_N (`rlactors.trainer.hf_export`)."""
-    path = run.output_dir / "hf" / f"step_{run.step}"
-    run.actor.save_hf(str(path))
-    return path
+    run.actor.save_hf(str(hf_folder(run)))
+    run.exported_step = run.step
+    return hf_folder(run)
 
 
 def finish(run: Run, logger: MetricsLogger) -> None:
-    """Close the metrics, draw them, and write the final model unless this step's is written."""
+    """Write the final model unless this step's is written, then close the metrics and draw them."""
+    model = hf_folder(run)
+    if run.exported_step != run.step:  # never a folder an earlier run left at this step
+        with trainer_turn(run, wake_up=False):  # the run is over: the engines stop next
+            export_hf(run)
     logger.close()
     png = plot_metrics(logger.path, run.output_dir / "metrics.png")
-    every = run.config.pipeline.export_hf_every_steps
-    model = run.output_dir / "hf" / f"step_{run.step}" if every and run.step % every == 0 else export_hf(run)
     print(f"metrics: {logger.path}\nplot: {png}\nmodel: {model} (Hugging Face folder)")

@@ -9,7 +9,8 @@ as the training loop validates (`score_requests`):
 
 For pass@k, sample: `rollout.validation_sampling.num_samples_per_prompt=8
 rollout.validation_sampling.temperature=0.7`. A model folder (an export under output_dir/hf, any
-Hugging Face folder) stands for a config with that `model.path`.
+Hugging Face folder) stands for a config with that `model.path` and `pipeline.output_dir`
+outputs/eval/<folder name>.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from rlactors import preflight
 from rlactors.config import Config, ConfigError, load_config
+from rlactors.durable import write_durably
 from rlactors.models import ensure_run_model, load_tokenizer
 from rlactors.pipelines.batch_builder import BatchBuilder
 from rlactors.pipelines.build import data_files, init_ray
@@ -34,7 +36,9 @@ def eval_config(target: str, overrides: list[str]) -> Config:
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ConfigError(f"{path}: a folder to evaluate is a Hugging Face model folder, and holds no config.json")
-        return load_config(None, [f"model.path={path.absolute()}", "model.build_if_missing=false", *overrides])
+        # Its own output folder by default: never the data or logs of a training run (outputs/run).
+        return load_config(None, [f"model.path={path.absolute()}", "model.build_if_missing=false",
+                                  f"pipeline.output_dir=outputs/eval/{path.absolute().name}", *overrides])
     return load_config(path, overrides)
 
 
@@ -63,7 +67,7 @@ def run_eval(config: Config) -> dict:
     report = {"model": model_path, "val_files": val_files, "num_prompts": len(requests),
               "sampling": config.rollout.validation_sampling.model_dump(),
               "metrics": {f"val/{name}": value for name, value in metrics.items()}}
-    (folder / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_durably(folder / "report.json", (json.dumps(report, indent=2) + "\n").encode())
     for name, value in report["metrics"].items():
         print(f"{name}: {value:.4g}")
     print(f"report: {folder / 'report.json'}\nsamples: {folder / 'samples.parquet'}")

@@ -207,6 +207,9 @@ class TrainerGroup:
         return self._submit("send_weights", lambda rank, w: w.send_weights.remote(engines, policy_version, settings))[0]
 
     def save_hf(self, path: str) -> None:
+        """The model as a Hugging Face folder at `path` (`rlactors.trainer.hf_export`)."""
+        if self.role == "critic":  # refused here: an error raised in the ranks tears the group down
+            raise ValueError("a critic is not a causal LM: only the actor and reference export to Hugging Face")
         self._on_all("save_hf", str(path))
 
     def save_checkpoint(self, root: str, step: int) -> str:

@@ -64,8 +64,12 @@ def write_hf_folder(buckets: Iterable[list[tuple[str, torch.Tensor]]], out: str 
     tied = bool(getattr(config, "tie_word_embeddings", False))
     weight_map: dict[str, str] = {}
     total_bytes = 0
-    for number, bucket in enumerate(buckets, start=1):
+    number = 0
+    for bucket in buckets:
         tensors = {name: tensor.to(dtype).contiguous() for name, tensor in bucket if not (tied and name == TIED_HEAD)}
+        if not tensors:
+            continue  # a bucket of the tied head alone
+        number += 1
         shard = f"model-{number:05d}.safetensors"
         save_file(tensors, str(temp / shard), metadata={"format": "pt"})
         weight_map |= dict.fromkeys(tensors, shard)
@@ -94,6 +98,8 @@ def write_hf_folder(buckets: Iterable[list[tuple[str, torch.Tensor]]], out: str 
 def _move_into_place(temp: Path, out: Path) -> None:
     fsync_tree(temp)
     old = out.with_name(f".{out.name}.old")
+    if old.exists() and not out.exists():
+        old.rename(out)  # a kill between the two renames below: the older folder is the whole one
     if old.exists():
         shutil.rmtree(old)
     if out.exists():
@@ -113,7 +119,7 @@ def trainer_checkpoint_dir(path: str | Path) -> Path:
     one run checkpoint (`step_N`, which holds `actor/`) or the actor's folder itself."""
     from rlactors.trainer import checkpoint
 
-    path = Path(path)
+    path = Path(path).absolute()
     for candidate in (path, path / "actor"):
         if (candidate / ".metadata").is_file():
             return candidate
