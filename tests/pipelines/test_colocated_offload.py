@@ -91,7 +91,7 @@ def test_exports_between_steps_bring_the_trainer_back_only_while_the_engines_sle
     engine, actor = logs["engines"][0], logs["actor"][0]
     sleep_wake = [(e["monotonic_s"], e["phase"]) for e in engine if e["phase"] in ("sleep", "wake_up")]
     onloads = times(actor, "onload")
-    assert len(onloads) == 4  # each step's update, and each step's export
+    assert len(onloads) == 6  # each step: the update, the export, and the weights sent again (level 2)
     for onload in onloads:
         assert [phase for t, phase in sleep_wake if t < onload][-1] == "sleep"
     assert sorted(p.name for p in (tmp_path / "run" / "hf").iterdir()) == ["step_1", "step_2"]
