@@ -76,6 +76,19 @@ class Sample:
     score: float | None = None
     score_details: dict[str, Any] = field(default_factory=dict)
     score_error: str | None = None
+    # Multi-turn episodes (`rlactors.environments`): the response interleaves model turns and
+    # observation tokens. `loss_mask` is aligned with `response_token_ids` (1 on model tokens, 0 on
+    # observation tokens); empty means every response token is the model's. Observation tokens carry
+    # logprob 0.0 and the policy version of the model turn before them, so staleness is unchanged.
+    loss_mask: list[int] = field(default_factory=list)
+    num_turns: int = 1  # model turns
+    num_tool_calls: int = 0
+    # The sum of the environment's per-turn rewards; None when it gave none (the reward function scores).
+    episode_reward: float | None = None
+
+    @property
+    def num_model_tokens(self) -> int:
+        return sum(self.loss_mask) if self.loss_mask else len(self.response_token_ids)
 
     @property
     def num_response_tokens(self) -> int:
