@@ -83,6 +83,31 @@ class ValidationSamplingConfig(SamplingConfig):
     temperature: float = Field(0.0, ge=0.0, description="Validation sampling temperature; 0 (greedy) by default.")
 
 
+class EnvironmentConfig(_Section):
+    name: str | None = Field(
+        None, description="Multi-turn environment of every prompt: a built-in (calculator, python, guess_number) or "
+        "`path/to/module.py:Name` / `package.module:Name` (`rlactors.environments.protocol`). A row's "
+        "`extra_info.environment` overrides it; null with no such row is single-turn generation.",
+    )
+    tool_call_format: Literal["plain", "hermes"] = Field(
+        "plain", description="How tool calls are written: `[name input]` (plain, learnable by the tiny models) or "
+        "Hermes/Qwen `<tool_call>{json}</tool_call>`.",
+    )
+    max_turns: int = Field(4, ge=1, description="Most model turns per episode.")
+    max_turn_tokens: int | None = Field(
+        None, ge=1, description="Most tokens of one model turn; null: the rest of sampling.max_response_tokens, which "
+        "bounds the whole episode's response (model and observation tokens together).",
+    )
+    step_timeout_s: float = Field(
+        30.0, gt=0, description="Most seconds an environment may take to start, reset or answer one turn; past it "
+        "its process is killed and the sample fails with an error naming it.",
+    )
+    chat_template: bool | None = Field(
+        None, description="Render observations as tool messages of the model's chat template (true) or insert "
+        "them verbatim (false); null follows data.chat_template.",
+    )
+
+
 class RolloutConfig(_Section):
     num_engines: int = Field(1, ge=1, description="vLLM engine replicas (data parallel).")
     tensor_parallel_size: int = Field(1, ge=1, description="Devices per engine (tensor parallel).")
@@ -154,6 +179,9 @@ class RolloutConfig(_Section):
     health_timeout_s: float = Field(
         60.0, gt=0, description="A quiet replica that does not answer health() within this is hung: it is killed "
         "(Ray restarts it if it has restarts left) and its requests are re-sent to the others.",
+    )
+    environment: EnvironmentConfig = Field(
+        default_factory=EnvironmentConfig, description="Multi-turn episodes: environment, tool calls, limits.",
     )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Training-time sampling.")
     validation_sampling: ValidationSamplingConfig = Field(
@@ -387,6 +415,12 @@ class Config(_Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="FSDP trainers.")
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="Advantages and losses.")
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig, description="Driver loop.")
+
+    @model_validator(mode="after")
+    def _observations_render_like_prompts(self) -> Config:
+        if self.rollout.environment.chat_template is None:
+            self.rollout.environment.chat_template = self.data.chat_template
+        return self
 
 
 # --------------------------------------------------------------------------------------------

@@ -85,6 +85,9 @@ class Sample:
     num_tool_calls: int = 0
     # The sum of the environment's per-turn rewards; None when it gave none (the reward function scores).
     episode_reward: float | None = None
+    # The environment raised, hung or crashed: the episode ended there. Its tokens so far train with
+    # score 0 and this error recorded, like a failing reward function (the rest of the group is kept).
+    environment_error: str | None = None
 
     @property
     def num_model_tokens(self) -> int:

@@ -65,6 +65,7 @@ COUNTERS = (
     "num_groups",
     "num_samples",
     "num_errors",
+    "num_environment_errors",
     "num_timeouts",
     "num_worker_restarts",
     "num_rollout_errors",
@@ -143,7 +144,8 @@ class RewardScorer:
         tasks, where = [], []
         for group_index, group in enumerate(groups):
             for sample_index, sample in enumerate(group.samples):
-                if sample.error is None:
+                # An episode's environment scored it already (or failed, see `_finish`).
+                if sample.error is None and sample.environment_error is None and sample.episode_reward is None:
                     request = group.request
                     tasks.append((request.data_source, sample.text, request.ground_truth, request.extra_info))
                     where.append((group_index, sample_index))
@@ -189,11 +191,18 @@ class RewardScorer:
     def _finish(self, sample: Sample, result: tuple[float, dict, str | None] | None) -> Sample:
         self.counts["num_samples"] += 1
         where = f"prompt_id={sample.prompt_id} sample_index={sample.sample_index}"
-        if result is None:  # the rollout failed: nothing to score
+        if sample.error is not None:  # the rollout failed: nothing to score
             self.counts["num_rollout_errors"] += 1
             return replace(
                 sample, score=0.0, score_details={}, score_error=f"{where}: not scored: {sample.error}"
             )
+        if sample.environment_error is not None:  # its tokens so far train with score 0, the error kept
+            self.counts["num_environment_errors"] += 1
+            if self.counts["num_environment_errors"] <= NUM_ERRORS_LOGGED:
+                logger.warning("environment failed: %s", sample.environment_error)
+            return replace(sample, score=0.0, score_details={}, score_error=sample.environment_error)
+        if sample.episode_reward is not None:
+            result = (sample.episode_reward, {"episode_reward": sample.episode_reward}, None)
         score, details, error = result
         if error is not None:
             self.counts["num_errors"] += 1

@@ -68,6 +68,7 @@ restore, or a restart, the trainer sends them again.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import time
 import uuid
@@ -88,6 +89,7 @@ from rlactors.rollout.engine_core import (
     until_dead,
     worker_rss_bytes,
 )
+from rlactors.rollout.episode import environment_spec, run_episode
 from rlactors.rollout.samples import (
     SamplingArg,
     check_prompt,
@@ -134,6 +136,8 @@ class RolloutEngine:
         self._start_lock = asyncio.Lock()
         self._update: dict | None = None  # the weight update between start_ and finish_weight_update
         self._in_flight: dict[str, str] = {}  # vLLM request id -> group_id
+        self._request_numbers = itertools.count()  # keeps vLLM request ids unique within this engine
+        self._hf_tokenizer = None
         self._user_aborted: set[str] = set()  # group_ids whose samples must end as "abort"
         self._sleeping_tags: list[str] = []  # vLLM allocations asleep, of SLEEP_TAGS
         self._weights_discarded = False  # level-2 sleep: the weights hold nothing until a load
@@ -235,23 +239,45 @@ class RolloutEngine:
 
     async def _run_sample(self, request: PromptRequest, sample_index: int, setting: SamplingConfig,
                           call_id: str) -> Sample:
+        sample = Sample(request.prompt_id, sample_index, list(request.prompt_token_ids))
+        spec = environment_spec(request, self.config.environment)
+        if spec is not None:  # a multi-turn episode (rlactors.rollout.episode)
+            tokenizer = self._tokenizer()
+            await run_episode(sample, request, setting, self.config.environment, spec,
+                              lambda s, max_tokens, stop: self._generate_turn(s, request, setting, max_tokens, stop,
+                                                                              call_id, []),
+                              tokenizer, self.config.max_model_len, self.policy_version)
+            sample.text = tokenizer.decode(sample.response_token_ids, skip_special_tokens=True)
+            return sample
+        texts: list[str] = []
+        sample.finish_reason = await self._generate_turn(sample, request, setting, setting.max_response_tokens,
+                                                         list(setting.stop), call_id, texts)
+        if setting.stop:
+            sample.text = "".join(texts)
+        else:
+            sample.text = self.llm.tokenizer.decode(sample.response_token_ids, skip_special_tokens=True)
+        return sample
+
+    async def _generate_turn(self, sample: Sample, request: PromptRequest, setting: SamplingConfig, max_tokens: int,
+                             stop: list[str], call_id: str, texts: list[str]) -> str:
+        """Append up to `max_tokens` model tokens to `sample` (one response, or one turn of an
+        episode) and return the finish reason; an interruption by a weight update or sleep resumes
+        or restarts this turn (`on_abort`), never earlier ones. `texts` collects vLLM's text pieces."""
         from vllm.inputs.engine import tokens_input
 
-        sample = Sample(request.prompt_id, sample_index, list(request.prompt_token_ids))
-        texts: list[str] = []
-        attempt = 0
+        turn_start = sample.num_response_tokens
         while True:
-            remaining = setting.max_response_tokens - sample.num_response_tokens
+            if request.group_id in self._user_aborted:
+                return "abort"
+            remaining = max_tokens - (sample.num_response_tokens - turn_start)
             if remaining <= 0:  # the interruption came exactly at the length limit
-                sample.finish_reason = "length"
-                break
-            seed = sample_seed(setting.seed, request.group_id, sample_index, sample.num_response_tokens)
-            params = sampling_params(setting, remaining, seed)
+                return "length"
+            seed = sample_seed(setting.seed, request.group_id, sample.sample_index, sample.num_response_tokens)
+            params = sampling_params(setting, remaining, seed, stop)
             # A rendered token input: a raw prompt dict would make vLLM hop every request through
             # its tokenizer thread pool, although token prompts need no tokenizing.
             prompt = tokens_input(request.prompt_token_ids + sample.response_token_ids)
-            request_id = f"{request.group_id}/{sample_index}/{call_id}/{attempt}"
-            attempt += 1
+            request_id = f"{request.group_id}/{sample.sample_index}/{call_id}/{next(self._request_numbers)}"
             self._in_flight[request_id] = request.group_id
             final = None
             try:
@@ -263,28 +289,31 @@ class RolloutEngine:
                 if isinstance(error, EngineDeadError):
                     # The actor is broken; the router restarts it and re-sends its requests.
                     raise dead_error(self.llm, "generate", self.error_file)  # noqa: B904
-                sample.finish_reason, sample.error = "error", (
-                    f"prompt_id={request.prompt_id!r} sample {sample_index}: {type(error).__name__}: {error}"
-                )
-                break
+                sample.error = (f"prompt_id={request.prompt_id!r} sample {sample.sample_index}: "
+                                f"{type(error).__name__}: {error}")
+                return "error"
             finally:
                 self._in_flight.pop(request_id, None)
             completion = final.outputs[0]
             interrupted = completion.finish_reason == "abort" and request.group_id not in self._user_aborted
             self.num_interrupted += interrupted
             if interrupted and self.config.on_abort == "requeue":
-                sample.response_token_ids, sample.response_logprobs, sample.token_policy_versions = [], [], []
-                texts = []
+                for tokens in (sample.response_token_ids, sample.response_logprobs, sample.token_policy_versions):
+                    del tokens[turn_start:]
+                texts.clear()
                 continue
             texts.append(extend_sample(sample, completion, self.policy_version))
             if not interrupted:
-                sample.finish_reason = completion.finish_reason
-                break
-        if setting.stop:
-            sample.text = "".join(texts)
-        else:
-            sample.text = self.llm.tokenizer.decode(sample.response_token_ids, skip_special_tokens=True)
-        return sample
+                return completion.finish_reason
+
+    def _tokenizer(self):
+        """The model's Hugging Face tokenizer (episodes decode turns, encode observations, render
+        the chat template); loaded once."""
+        if self._hf_tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._hf_tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        return self._hf_tokenizer
 
     async def abort(self, group_ids: list[str] | None = None) -> int:
         """End the named groups' (or all) in-flight samples now with finish_reason "abort", keeping

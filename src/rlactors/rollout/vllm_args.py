@@ -37,9 +37,11 @@ def engine_kwargs(model_path: str, config: RolloutConfig, platform: str, dtype: 
     return kwargs
 
 
-def sampling_params(setting: SamplingConfig, max_tokens: int, seed: int | None):
+def sampling_params(setting: SamplingConfig, max_tokens: int, seed: int | None, stop: list[str] | None = None):
     """vLLM SamplingParams of one sample's request: one sequence, the sampled token's logprob, the
-    whole response at the end (aborted requests still return their tokens)."""
+    whole response at the end (aborted requests still return their tokens). `stop` replaces the
+    setting's stop strings (an episode's turn adds its tool parser's)."""
+    stop = list(setting.stop) if stop is None else stop
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -49,12 +51,12 @@ def sampling_params(setting: SamplingConfig, max_tokens: int, seed: int | None):
         top_p=setting.top_p,
         top_k=max(setting.top_k, 0),  # vLLM: 0 disables top-k
         max_tokens=max_tokens,
-        stop=list(setting.stop) or None,
+        stop=stop or None,
         seed=seed,
         ignore_eos=setting.ignore_eos,
         logprobs=0,  # only the sampled token's logprob
         # Per-step detokenization (of every token and its logprob entry) costs the engine's
         # front end ~30% of its CPU; only stop strings need it. The text is decoded once at the end.
-        detokenize=bool(setting.stop),
+        detokenize=bool(stop),
         output_kind=RequestOutputKind.FINAL_ONLY,  # aborted requests still return their tokens
     )
