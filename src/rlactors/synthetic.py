@@ -3,6 +3,14 @@
 - arithmetic: `37+45=` -> `82` (data_source "synthetic/arithmetic"; the response is the number)
 - gsm8k: short word problems; the answer ends in `#### <number>` ("synthetic/gsm8k")
 - math: fractions to simplify, answered as `\\boxed{...}` ("synthetic/math")
+- calculator: `37*58=` with a `calc` tool (`[calc 37*58]` -> `=2146`), answered `2146`
+- python: `Sum 12..40?` with a `python` tool (`[python print(sum(range(12,41)))]`)
+- guess_number: a secret in 1..16, guessed in turns told higher or lower
+- tools: the three above, interleaved, so one run exercises every built-in environment
+
+Rows of the environment tasks name their environment in `extra_info["environment"]` (and its
+settings in `extra_info["environment_kwargs"]`); their train and test splits are disjoint by a
+hash of the problem, so each split can be generated alone.
 
 They feed the CPU demo and the tests; the same seed gives the same rows.
 """
@@ -11,18 +19,21 @@ from __future__ import annotations
 
 import math
 import random
+import zlib
 from pathlib import Path
 
 from rlactors.data import write_rows
 
-DATA_SOURCES = {"arithmetic": "synthetic/arithmetic", "gsm8k": "synthetic/gsm8k", "math": "synthetic/math"}
+DATA_SOURCES = {"arithmetic": "synthetic/arithmetic", "gsm8k": "synthetic/gsm8k", "math": "synthetic/math",
+                "calculator": "synthetic/calculator", "python": "synthetic/python",
+                "guess_number": "synthetic/guess_number"}
 
 
-def _row(task: str, content: str, ground_truth: str, split: str, index: int, **extra) -> dict:
+def _row(task: str, content: str, ground_truth: str, split: str, index: int, ability: str = "math", **extra) -> dict:
     return {
         "data_source": DATA_SOURCES[task],
         "prompt": [{"role": "user", "content": content}],
-        "ability": "math",
+        "ability": ability,
         "reward_model": {"style": "rule", "ground_truth": ground_truth},
         "extra_info": {"split": split, "index": index, **extra},
     }
@@ -77,8 +88,72 @@ def math_rows(num_rows: int, seed: int = 0, split: str = "train") -> list[dict]:
     return rows
 
 
+def _in_split(problem: object, split: str) -> bool:
+    # One problem in 8 is held out: a stable hash (not Python's salted one) keeps it so across runs.
+    held_out = zlib.crc32(repr(problem).encode()) % 8 == 0
+    return held_out != (split == "train")
+
+
+def _environment_rows(task: str, environment: str, num_rows: int, seed: int, split: str, draw,
+                      ability: str = "math") -> list[dict]:
+    """Rows of problems from `draw(rng) -> (problem, prompt, ground_truth, environment_kwargs)`,
+    kept to the split's side of the hash."""
+    rng = random.Random(f"{task}/{split}/{seed}")
+    rows = []
+    while len(rows) < num_rows:
+        problem, content, ground_truth, environment_kwargs = draw(rng)
+        if not _in_split(problem, split):
+            continue
+        extra = {"environment": environment, "problem": " ".join(map(str, problem))}  # one type: parquet
+        if environment_kwargs:
+            extra["environment_kwargs"] = environment_kwargs
+        rows.append(_row(task, content, str(ground_truth), split, len(rows), ability, **extra))
+    return rows
+
+
+def calculator_rows(num_rows: int, seed: int = 0, split: str = "train") -> list[dict]:
+    """`a*b=` with a, b of 2 or 3 digits: too hard to do in the head of a tiny model, easy with a `calc`."""
+    def draw(rng):
+        a, b = rng.randint(10, 999), rng.randint(10, 999)
+        return (a, b), f"{a}*{b}=", a * b, None
+
+    return _environment_rows("calculator", "calculator", num_rows, seed, split, draw)
+
+
+def python_rows(num_rows: int, seed: int = 0, split: str = "train") -> list[dict]:
+    """Sums of integer ranges and of squares, answerable with one `print`."""
+    def draw(rng):
+        if rng.random() < 0.5:
+            low, high = rng.randint(1, 50), rng.randint(51, 300)
+            return ("sum", low, high), f"Sum {low}..{high}?", sum(range(low, high + 1)), None
+        high = rng.randint(5, 99)
+        return ("squares", 1, high), f"Sum of squares 1..{high}?", sum(i * i for i in range(1, high + 1)), None
+
+    return _environment_rows("python", "python", num_rows, seed, split, draw, ability="code")
+
+
+def guess_number_rows(num_rows: int, seed: int = 0, split: str = "train", low: int = 1, high: int = 16) -> list[dict]:
+    """A secret in [low, high] to guess in turns; the prompt states the game (rows repeat: 16 secrets)."""
+    def draw(rng):
+        secret = rng.randint(low, high)
+        return (low, high, secret), f"Guess my number {low}-{high}:", secret, {"low": low, "high": high}
+
+    return _environment_rows("guess_number", "guess_number", num_rows, seed, split, draw, ability="game")
+
+
+def tools_rows(num_rows: int, seed: int = 0, split: str = "train") -> list[dict]:
+    """calculator, python and guess_number rows interleaved (c, p, g, c, p, g, ...)."""
+    generators = (calculator_rows, python_rows, guess_number_rows)
+    parts = [generator(len(range(i, num_rows, len(generators))), seed, split) for i, generator in enumerate(generators)]
+    return [parts[i % len(parts)][i // len(parts)] for i in range(num_rows)]
+
+
+GENERATORS = {"arithmetic": arithmetic_rows, "gsm8k": gsm8k_rows, "math": math_rows, "calculator": calculator_rows,
+              "python": python_rows, "guess_number": guess_number_rows, "tools": tools_rows}
+
+
 def make_task_rows(task: str, num_rows: int, seed: int = 0, split: str = "train", **kwargs) -> list[dict]:
-    generators = {"arithmetic": arithmetic_rows, "gsm8k": gsm8k_rows, "math": math_rows}
+    generators = GENERATORS
     if task not in generators:
         raise ValueError(f"task {task!r}: allowed values are {sorted(generators)}")
     return generators[task](num_rows, seed=seed, split=split, **kwargs)

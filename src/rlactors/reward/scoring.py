@@ -15,18 +15,16 @@ the reason in `unchecked`. A user function has no such bound: the scorer actor
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import logging
 import math
 import numbers
 import re
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
-from pathlib import Path
 from typing import Any
 
 from rlactors.reward.limits import DeadlineExceeded, call_within, explosion_reason, nesting_reason
+from rlactors.user_code import load_object
 
 GSM8K_SOURCES = frozenset({"openai/gsm8k", "synthetic/gsm8k"})
 MATH_SOURCES = frozenset(
@@ -312,24 +310,7 @@ def overlong_penalty(
 
 def load_user_function(spec: str) -> Callable[..., Any]:
     """`package.module:function` (importable) or `path/to/file.py:function`."""
-    location, sep, name = spec.rpartition(":")
-    if not sep or not location or not name.isidentifier():
-        raise ValueError(
-            f"reward function {spec!r}: expected 'module:function' or 'path/to/file.py:function'"
-        )
-    if location.endswith(".py"):
-        path = Path(location).expanduser().resolve()
-        if not path.is_file():
-            raise FileNotFoundError(f"reward function {spec!r}: no file {path}")
-        module_spec = importlib.util.spec_from_file_location(f"_rlactors_user_reward_{path.stem}", path)
-        module = importlib.util.module_from_spec(module_spec)
-        module_spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(location)
-    function = getattr(module, name, None)
-    if not callable(function):
-        raise AttributeError(f"reward function {spec!r}: {location} has no callable {name!r}")
-    return function
+    return load_object(spec, "reward function", module_prefix="_rlactors_user_reward_")
 
 
 def _plain(value: Any) -> Any:
