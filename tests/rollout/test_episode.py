@@ -144,7 +144,7 @@ def test_a_failing_environment_ends_only_its_own_episode(engine, reference):
     start = time.monotonic()
     groups = {g.prompt_id: g for g in collect(engine, requests, sampling)}
     assert time.monotonic() - start < 60  # the hung step was killed at its 2 s limit
-    expected = {"p1": "KeyError: 'scripted failure'", "p2": "step_timeout_s=2.0", "p3": "died (killed by signal 9)"}
+    expected = {"p1": "KeyError: 'scripted failure'", "p2": "step_timeout_s=2.0", "p3": "its process died"}
     for prompt_id, group in groups.items():
         for sample in group.samples:
             assert sample.error is None and len(sample.loss_mask) == sample.num_response_tokens

@@ -2,52 +2,129 @@
 
 A user's environment can raise, hang, leak memory or crash its interpreter; none of that may touch
 the engine or the other episodes. So each episode's environment lives in its own process, forked
-from a small fork server (stdlib `multiprocessing` "forkserver": started once per engine process,
-it has imported only this package, so a fork costs milliseconds, not an interpreter start). The
-engine talks to it over a pipe, awaited on the event loop, so thousands of episodes wait at once
-without a thread each.
+from a small fork server: a fresh single-threaded interpreter, started once per engine process,
+that has imported only this package (not vLLM, not torch) and each environment's module (once,
+at its first episode), so a fork costs a millisecond, not an interpreter start, and never copies
+the engine's threads. The engine hands the server one end of
+a socket pair per episode; the forked child talks over it, awaited on the engine's event loop, so
+thousands of episodes wait at once without a thread each.
 
 Every call has a time limit (`step_timeout_s`). Past it, or when the process dies, the episode's
 process group is killed (the environment's own subprocesses with it) and the call raises
 `EnvironmentFailure` naming what it waited for; the caller fails that sample alone.
 
-The episode process leads its own session and asks for SIGKILL when its parent (the fork server)
-dies; the fork server exits when the engine process does, so no environment outlives its engine.
+Lifetimes: the server exits when the engine's end of its socket closes and gets SIGKILL if the
+engine dies (PR_SET_PDEATHSIG); each episode process leads its own session and gets SIGKILL when
+the server dies. No environment outlives its engine.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
-import multiprocessing
+import json
 import os
 import signal
+import socket
+import subprocess
+import sys
 import traceback
 from multiprocessing.connection import Connection
 
 from rlactors.environments.protocol import StepResult, Turn
 
 MAX_ERROR_CHARS = 2000
-_context = None
+SERVER_START_TIMEOUT_S = 60.0
+_server: _ForkServer | None = None
 
 
 class EnvironmentFailure(RuntimeError):
     """The environment raised, timed out or died; the message says which and where."""
 
 
-def _fork_context():
-    global _context
-    if _context is None:
-        _context = multiprocessing.get_context("forkserver")
-        # Preloaded in the fork server, so each episode's fork starts with the built-in environments
-        # imported (and not the engine's own modules: vLLM and torch stay out of it).
-        _context.set_forkserver_preload(["rlactors.environments"])
-    return _context
-
-
 def _describe(error: BaseException) -> str:
     lines = traceback.format_exception(type(error), error, error.__traceback__)
     return "".join(lines[-6:])[-MAX_ERROR_CHARS:].strip()
+
+
+class _ForkServer:
+    """The engine's side of the fork server."""
+
+    def __init__(self):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        code = "import sys; from rlactors.environments.worker import serve; serve(int(sys.argv[1]), int(sys.argv[2]))"
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        self.process = subprocess.Popen([sys.executable, "-c", code, str(theirs.fileno()), str(os.getpid())],
+                                        pass_fds=(theirs.fileno(),), env=env)
+        theirs.close()
+        ours.settimeout(SERVER_START_TIMEOUT_S)
+        try:
+            if ours.recv(5) != b"ready":
+                raise EOFError
+        except (TimeoutError, EOFError, OSError):
+            self.process.kill()
+            raise RuntimeError(f"the environment fork server did not start within {SERVER_START_TIMEOUT_S} s "
+                               f"(exit code {self.process.poll()})") from None
+        ours.setblocking(False)
+        self.socket = ours
+        self.lock = asyncio.Lock()
+
+    async def fork(self, arguments: list) -> tuple[int, Connection]:
+        """A new episode process running `episode_main(*arguments)`: its pid and its connection.
+        Forks are serialised (the server answers each in order) but never block the event loop."""
+        async with self.lock:
+            engine_end, episode_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            with episode_end:
+                socket.send_fds(self.socket, [json.dumps(arguments).encode() + b"\n"], [episode_end.fileno()])
+            try:
+                line = await asyncio.wait_for(_receive_line(self.socket), SERVER_START_TIMEOUT_S)
+            except TimeoutError:
+                raise RuntimeError(f"the environment fork server did not fork within {SERVER_START_TIMEOUT_S} s") from None
+            if not line:
+                raise RuntimeError(f"the environment fork server exited (exit code {self.process.poll()})")
+            return int(line), Connection(engine_end.detach())
+
+
+def serve(fd: int, engine_pid: int) -> None:
+    """The fork server's loop: one JSON line of episode arguments and one socket per fork."""
+    from rlactors.parent_death import request_parent_death_signal
+
+    import ctypes  # noqa: F401 - request_parent_death_signal's, imported once here, inherited by every fork
+
+    from rlactors.environments import load_environment
+
+    request_parent_death_signal(signal.SIGKILL)
+    if os.getppid() != engine_pid:
+        return
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+    server = socket.socket(fileno=fd)
+    server.sendall(b"ready")
+    buffer, imported = b"", set()
+    while True:
+        message, fds, _, _ = socket.recv_fds(server, 65536, 1)
+        if not message:
+            return  # the engine closed its end (or died)
+        buffer += message
+        while b"\n" in buffer and fds:
+            line, buffer = buffer.split(b"\n", 1)
+            episode_fd = fds.pop(0)
+            arguments = json.loads(line)
+            if arguments[0] not in imported:  # imported once here, so every fork has it already
+                imported.add(arguments[0])
+                try:
+                    load_environment(arguments[0])
+                except Exception:  # noqa: BLE001 - the episode process reports it, naming the spec
+                    pass
+            pid = os.fork()
+            if pid == 0:
+                server.close()
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                try:
+                    episode_main(Connection(episode_fd), *arguments)
+                finally:
+                    os._exit(0)
+            os.close(episode_fd)
+            server.sendall(f"{pid}\n".encode())
 
 
 def episode_main(connection: Connection, spec: str, data_source: str, ground_truth, extra_info: dict) -> None:
@@ -92,15 +169,18 @@ def episode_main(connection: Connection, spec: str, data_source: str, ground_tru
 class EpisodeWorker:
     """The engine's handle on one episode's environment process."""
 
-    def __init__(self, spec: str, data_source: str, ground_truth, extra_info: dict, timeout_s: float):
-        self.spec = spec
-        self.timeout_s = timeout_s
-        ours, theirs = _fork_context().Pipe()
-        self.connection = ours
-        self.process = _fork_context().Process(
-            target=episode_main, args=(theirs, spec, data_source, ground_truth, extra_info), daemon=True)
-        self.process.start()
-        theirs.close()
+    def __init__(self, spec: str, pid: int, connection: Connection, timeout_s: float):
+        self.spec, self.pid, self.connection, self.timeout_s = spec, pid, connection, timeout_s
+
+    @classmethod
+    async def start(cls, spec: str, data_source: str, ground_truth, extra_info: dict,
+                    timeout_s: float) -> EpisodeWorker:
+        """Fork the episode's process (the fork server starts with the first episode)."""
+        global _server
+        if _server is None or _server.process.poll() is not None:
+            _server = _ForkServer()
+        pid, connection = await _server.fork([spec, data_source, ground_truth, extra_info])
+        return cls(spec, pid, connection, timeout_s)
 
     async def reset(self) -> str:
         return await self._call("reset", None)
@@ -112,36 +192,38 @@ class EpisodeWorker:
         what = f"environment {self.spec!r} {kind}()"
         try:
             self.connection.send((kind, payload))
-        except (BrokenPipeError, OSError):
-            raise EnvironmentFailure(f"{what}: its process had exited ({self._exit()})") from None
-        try:
             status, value = await asyncio.wait_for(_receive(self.connection), self.timeout_s)
         except TimeoutError:
             self.close()
             raise EnvironmentFailure(f"{what} took longer than step_timeout_s={self.timeout_s}: "
                                      "its process was killed") from None
-        except EOFError:
-            raise EnvironmentFailure(f"{what}: its process died ({self._exit()})") from None
+        except (EOFError, OSError):
+            raise EnvironmentFailure(f"{what}: its process died") from None
         if status == "error":
             raise EnvironmentFailure(f"environment {self.spec!r} failed: {value}")
         return value
 
-    def _exit(self) -> str:
-        self.process.join(timeout=5.0)
-        code = self.process.exitcode
-        if code is None:
-            return "still running"
-        return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-
     def close(self) -> None:
         """Kill the episode's process group (idempotent)."""
         self.connection.close()
-        if self.process.pid is not None:
+        for kill in (os.killpg, os.kill):  # the group, or the process if it had not led one yet
             try:
-                os.killpg(self.process.pid, signal.SIGKILL)
+                kill(self.pid, signal.SIGKILL)
+                break
             except (ProcessLookupError, PermissionError):
-                self.process.kill()  # not yet its own group leader
-        self.process.join(timeout=5.0)
+                continue
+
+
+async def _receive_line(sock: socket.socket) -> bytes:
+    """One line from a non-blocking socket, read on the event loop (a pid is a few bytes: no buffering)."""
+    loop = asyncio.get_running_loop()
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = await loop.sock_recv(sock, 1)
+        if not chunk:
+            return b""
+        line += chunk
+    return line
 
 
 async def _receive(connection: Connection):

@@ -63,8 +63,8 @@ async def run_episode(sample: Sample, request: PromptRequest, setting: SamplingC
     rewards: list[float] = []
     worker = None
     try:
-        worker = EpisodeWorker(spec, request.data_source, request.ground_truth, request.extra_info,
-                               config.step_timeout_s)
+        worker = await EpisodeWorker.start(spec, request.data_source, request.ground_truth, request.extra_info,
+                                           config.step_timeout_s)
         first = await worker.reset()
         if first:
             append_observation(sample, tokenizer.encode(first, add_special_tokens=False), policy_version)
