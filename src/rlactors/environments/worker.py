@@ -87,11 +87,10 @@ class _ForkServer:
 
 def serve(fd: int, engine_pid: int) -> None:
     """The fork server's loop: one JSON line of episode arguments and one socket per fork."""
-    from rlactors.parent_death import request_parent_death_signal
-
     import ctypes  # noqa: F401 - request_parent_death_signal's, imported once here, inherited by every fork
 
     from rlactors.environments import load_environment
+    from rlactors.parent_death import request_parent_death_signal
 
     request_parent_death_signal(signal.SIGKILL)
     if os.getppid() != engine_pid:
