@@ -187,7 +187,7 @@ class TrainerGroup:
         return self._fan_out("update_critic", batch, self.trainer.num_mini_batches)[0]
 
     def sft_step(self, batch: BatchArg) -> dict[str, float]:
-        """Supervised NLL on response tokens: one optimizer step per mini-batch."""
+        """Supervised NLL on the model tokens of the responses: one optimizer step per mini-batch."""
         return self._fan_out("sft_step", batch, self.trainer.num_mini_batches)[0]
 
     def export_weights(self, bucket_bytes: int = 64 << 20, dtype: torch.dtype | None = None) -> tuple[list, int]:
