@@ -19,7 +19,7 @@ from trainer_helpers import (
 
 from rlactors.config import AlgorithmConfig, OptimConfig
 from rlactors.models import load_model
-from rlactors.trainer.batch import TrainBatchRef, plan_mini_batches, rows_in_batch_order
+from rlactors.trainer.batch import LOSS_MASK, TrainBatchRef, plan_mini_batches, rows_in_batch_order
 from rlactors.trainer.group import TrainerGroup
 from rlactors.trainer.ranks import TrainerRankError
 
@@ -66,6 +66,24 @@ def test_update_is_independent_of_ranks_and_micro_batches(ray_session, tiny_mode
         for key, value in reference.items():
             assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
         assert max_difference(other_weights, reference_weights) < 2e-6
+
+
+def test_garbage_at_observation_tokens_changes_no_weight(ray_session, tiny_model_dir):
+    """A multi-turn batch: advantages of 1e4 at observation tokens (loss_mask 0) train exactly
+    like zeros there, through every loss term of the update."""
+    batch = random_batch(8, seed=3)
+    generator = torch.Generator().manual_seed(4)
+    batch.set_field(LOSS_MASK, [(torch.rand(len(r), generator=generator) < 0.6).float() for r in batch.response_token_ids])
+    random_fields(batch, ["advantages"], seed=5)
+    observation = [m == 0 for m in batch.token_field(LOSS_MASK)]
+    assert sum(int(o.sum()) for o in observation) > 0
+    garbage = batch.select(list(range(len(batch))))
+    garbage.set_field("advantages", [torch.where(o, 1e4, a) for o, a in zip(observation, batch.token_field("advantages"),
+                                                                             strict=True)])
+    clean_metrics, clean_weights, old_logprobs = _run_update(tiny_model_dir, trainer_config(), batch, None)
+    metrics, garbage_weights, _ = _run_update(tiny_model_dir, trainer_config(), garbage, old_logprobs)
+    assert metrics["actor/pg_loss"] == pytest.approx(clean_metrics["actor/pg_loss"], rel=1e-6)
+    assert max_difference(garbage_weights, clean_weights) == 0
 
 
 def test_an_update_without_old_logprobs_equals_one_after_the_old_logprob_pass(ray_session, tiny_model_dir):
