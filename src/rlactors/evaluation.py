@@ -74,7 +74,9 @@ def sample_rows(groups: Iterable[Group], decode: Callable[[list[int]], str]) -> 
                 "prompt_id": group.prompt_id, "data_source": group.request.data_source,
                 "sample_index": sample.sample_index, "prompt": prompt, "response": sample.text,
                 "ground_truth": group.request.ground_truth, "score": sample.score, "acc": sample_accuracy(sample),
-                "num_response_tokens": sample.num_response_tokens, "finish_reason": sample.finish_reason,
+                "num_response_tokens": sample.num_response_tokens, "num_model_tokens": sample.num_model_tokens,
+                "num_turns": sample.num_turns, "num_tool_calls": sample.num_tool_calls,
+                "finish_reason": sample.finish_reason,
                 "error": sample.error or sample.score_error,
             })
     return rows

@@ -288,7 +288,9 @@ def groups(draw) -> Group:
                draw(st.lists(st.floats(allow_nan=False), max_size=4)), draw(st.lists(st.integers(0, 99), max_size=4)),
                draw(st.sampled_from(["stop", "length", "abort", "error"])), draw(st.none() | st.text(max_size=4)),
                draw(st.text(max_size=8)), draw(st.none() | st.floats(allow_nan=False)),
-               draw(st.dictionaries(st.text(max_size=4), json_values, max_size=2)), draw(st.none() | st.text(max_size=4)))
+               draw(st.dictionaries(st.text(max_size=4), json_values, max_size=2)), draw(st.none() | st.text(max_size=4)),
+               loss_mask=draw(st.lists(st.integers(0, 1), max_size=4)), num_turns=draw(st.integers(1, 9)),
+               num_tool_calls=draw(st.integers(0, 9)), episode_reward=draw(st.none() | st.floats(allow_nan=False)))
         for i in range(draw(st.integers(1, 3)))
     ]
     return Group(request, samples)

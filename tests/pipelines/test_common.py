@@ -100,6 +100,21 @@ def test_assembling_and_finishing_in_one_call_gives_the_batch_of_the_two_calls(r
     assert sorted(second.token_fields) == sorted(first.token_fields)
     for name in first.token_fields:
         assert [t.tolist() for t in second.token_field(name)] == [t.tolist() for t in first.token_field(name)]
-    assert one_call.response_lengths == two_calls.response_lengths and one_metrics == metrics and one_kl == kl
+    assert one_call.num_model_tokens == two_calls.num_model_tokens and one_metrics == metrics and one_kl == kl
     assert any(t.abs().sum() > 0 for t in second.token_field("advantages"))
     ray.kill(builder)
+
+
+def test_rollout_metrics_count_model_and_observation_tokens_apart():
+    from rlactors.buffer.records import SampledBatch, describe_batch
+    from rlactors.types import Group, PromptRequest, Sample
+
+    request = PromptRequest("p", [1, 2])
+    samples = [Sample("p", 0, [1, 2], [3, 4, 5, 6, 7], [-0.1] * 5, [0] * 5, score=1.0, loss_mask=[1, 0, 0, 1, 1],
+                      num_turns=2, num_tool_calls=1),
+               Sample("p", 1, [1, 2], [8, 9, 10], [-0.1] * 3, [0] * 3, score=0.0)]  # single turn, no mask
+    sampled = describe_batch(SampledBatch(0, 0, [Group(request, samples)], staleness=[0], epochs=[0]), None)
+    metrics = common.rollout_metrics(sampled, max_response_tokens=8)
+    assert metrics["response_length/mean"] == 4.0  # every response token, as before
+    assert metrics["response/model_tokens_mean"] == 3.0 and metrics["response/observation_tokens_mean"] == 1.0
+    assert metrics["episode/num_turns_mean"] == 1.5 and metrics["episode/tool_calls_mean"] == 0.5

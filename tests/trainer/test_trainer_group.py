@@ -19,7 +19,7 @@ from trainer_helpers import (
 
 from rlactors.config import AlgorithmConfig, OptimConfig
 from rlactors.models import load_model
-from rlactors.trainer.batch import TrainBatchRef, plan_mini_batches, rows_in_batch_order
+from rlactors.trainer.batch import LOSS_MASK, TrainBatchRef, plan_mini_batches, rows_in_batch_order
 from rlactors.trainer.group import TrainerGroup
 from rlactors.trainer.ranks import TrainerRankError
 
@@ -54,7 +54,7 @@ def test_update_is_independent_of_ranks_and_micro_batches(ray_session, tiny_mode
     optim = OptimConfig(lr=2e-3, eps=1e-5, grad_clip=0.5)
     settings = dict(num_mini_batches=2, num_epochs=2, optim=optim)
     small = 16  # tokens: one or two sequences per micro-batch
-    plans = plan_mini_batches(batch.sequence_lengths, batch.response_lengths, 2, 1, small)
+    plans = plan_mini_batches(batch.sequence_lengths, batch.num_model_tokens, 2, 1, small)
     assert all(len(plan.micro_batches[0]) >= 4 for plan in plans)
 
     reference, reference_weights, old_logprobs = _run_update(tiny_model_dir, trainer_config(**settings), batch, None)
@@ -66,6 +66,24 @@ def test_update_is_independent_of_ranks_and_micro_batches(ray_session, tiny_mode
         for key, value in reference.items():
             assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
         assert max_difference(other_weights, reference_weights) < 2e-6
+
+
+def test_garbage_at_observation_tokens_changes_no_weight(ray_session, tiny_model_dir):
+    """A multi-turn batch: advantages of 1e4 at observation tokens (loss_mask 0) train exactly
+    like zeros there, through every loss term of the update."""
+    batch = random_batch(8, seed=3)
+    generator = torch.Generator().manual_seed(4)
+    batch.set_field(LOSS_MASK, [(torch.rand(len(r), generator=generator) < 0.6).float() for r in batch.response_token_ids])
+    random_fields(batch, ["advantages"], seed=5)
+    observation = [m == 0 for m in batch.token_field(LOSS_MASK)]
+    assert sum(int(o.sum()) for o in observation) > 0
+    garbage = batch.select(list(range(len(batch))))
+    garbage.set_field("advantages", [torch.where(o, 1e4, a) for o, a in zip(observation, batch.token_field("advantages"),
+                                                                             strict=True)])
+    clean_metrics, clean_weights, old_logprobs = _run_update(tiny_model_dir, trainer_config(), batch, None)
+    metrics, garbage_weights, _ = _run_update(tiny_model_dir, trainer_config(), garbage, old_logprobs)
+    assert metrics["actor/pg_loss"] == pytest.approx(clean_metrics["actor/pg_loss"], rel=1e-6)
+    assert max_difference(garbage_weights, clean_weights) == 0
 
 
 def test_an_update_without_old_logprobs_equals_one_after_the_old_logprob_pass(ray_session, tiny_model_dir):
@@ -118,7 +136,7 @@ def test_reference_logprobs_match_a_transformers_forward(ray_session, tiny_model
     try:
         out = group.compute_logprobs(batch, temperature=TEMPERATURE, with_entropy=True)
         # The same pass on a batch already in the object store, its rows left there too.
-        stored = TrainBatchRef(ray.put(batch), batch.sequence_lengths, batch.response_lengths)
+        stored = TrainBatchRef.of(ray.put(batch), batch)
         rows = rows_in_batch_order(ray.get(group.logprob_rows(stored, TEMPERATURE)), len(batch), "reference")
         assert all(torch.equal(row[1], logprobs) for row, logprobs in zip(rows, out["logprobs"], strict=True))
         # One sequence for two ranks: rank 1 runs a filler forward and returns nothing.
@@ -227,7 +245,7 @@ def test_a_raise_in_rank_1_alone_surfaces_naming_it(ray_session, tiny_model_dir)
     still in the call (not after the collective timeout), and no rank is left."""
     batch = _update_batch(6)
     config = trainer_config(num_workers=2)
-    plan = plan_mini_batches(batch.sequence_lengths, batch.response_lengths, 1, 2, config.max_tokens_per_micro_batch)[0]
+    plan = plan_mini_batches(batch.sequence_lengths, batch.num_model_tokens, 1, 2, config.max_tokens_per_micro_batch)[0]
     sequence = plan.for_rank(1).micro_batches[0][0][0]
     batch.prompt_token_ids[sequence][0] = 10**6
     group = TrainerGroup("actor", tiny_model_dir, config, AlgorithmConfig())

@@ -30,15 +30,18 @@ def _check_shapes(name: str, tensor: torch.Tensor, mask: torch.Tensor) -> None:
 def scores_to_token_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Place each sequence's scalar score on its last response token (the last 1 of its mask).
 
-    Returns [batch, response_len] rewards in the dtype of `scores`, zero elsewhere. A sequence without
-    any response token would lose its score, so it is an error naming the sample indices.
+    With a mask that excludes observation tokens (multi-turn), that is the last model token: the
+    last action the policy took, even when an observation follows it. Returns [batch, response_len]
+    rewards in the dtype of `scores`, zero elsewhere. A sequence without any masked-in token would
+    lose its score, so it is an error naming the sample indices.
     """
     if scores.dim() != 1 or mask.dim() != 2 or scores.shape[0] != mask.shape[0]:
         raise ValueError(f"scores must be [batch] and mask [batch, response_len], got {tuple(scores.shape)} and {tuple(mask.shape)}")
     selected = mask != 0
     empty = (~selected.any(dim=-1)).nonzero().flatten().tolist()
     if empty:
-        raise ValueError(f"samples {empty} have no response token (all-zero mask): their score has nowhere to go")
+        raise ValueError(f"samples {empty} have no response token that trains (all-zero mask): "
+                         "their score has nowhere to go")
     positions = torch.arange(mask.shape[-1], device=mask.device)
     last_index = torch.where(selected, positions, -1).max(dim=-1).values
     rewards = torch.zeros(mask.shape, dtype=scores.dtype, device=scores.device)

@@ -94,6 +94,10 @@ class SampledBatchRef:
     accuracies: list[float | None] = field(default_factory=list)  # per sample: score_details["acc"], or None
     num_score_errors: int = 0
     num_dropped: dict[str, int] = field(default_factory=dict)  # by DROP_KINDS: drops since the previous batch
+    # Per sample, for multi-turn metrics: response tokens the model wrote (the rest are observations).
+    num_model_tokens: list[int] = field(default_factory=list)
+    num_turns: list[int] = field(default_factory=list)
+    num_tool_calls: list[int] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.group_ids)
@@ -107,6 +111,8 @@ def describe_batch(batch: SampledBatch, groups_ref: Any) -> SampledBatchRef:
         [s.score for s in samples],
         [float(s.score_details["acc"]) if s.score_details.get("acc") is not None else None for s in samples],
         sum(s.score_error is not None for s in samples), dict(batch.num_dropped),
+        num_model_tokens=[s.num_model_tokens for s in samples], num_turns=[s.num_turns for s in samples],
+        num_tool_calls=[s.num_tool_calls for s in samples],
     )
 
 

@@ -5,6 +5,7 @@ the buffer actor (`ReplayBuffer.save`/`load`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -25,6 +26,7 @@ _SAMPLE = pa.struct([
     ("response_token_ids", _INTS), ("response_logprobs", pa.list_(pa.float64())),
     ("token_policy_versions", _INTS), ("finish_reason", pa.string()), ("error", pa.string()),
     ("text", pa.string()), ("score", pa.float64()), ("score_details", pa.string()), ("score_error", pa.string()),
+    ("loss_mask", _INTS), ("num_turns", pa.int64()), ("num_tool_calls", pa.int64()), ("episode_reward", pa.float64()),
 ])
 REQUESTS_SCHEMA = pa.schema([("epoch", pa.int64()), *_REQUEST_FIELDS])
 GROUPS_SCHEMA = pa.schema([("batch_id", pa.int64()), ("epoch", pa.int64()), *_REQUEST_FIELDS,
@@ -39,6 +41,10 @@ EVENTS_SCHEMA = pa.schema([
     ("policy_version", pa.int64()), ("staleness", pa.int64()), ("reason", pa.string()),
 ])
 _META_KEY = b"rlactors.buffer"
+# Every Sample field must be a column: pyarrow drops a struct key it has no column for, and a field
+# added to Sample but not here would come back from a checkpoint as its default without a word.
+if {f.name for f in dataclasses.fields(Sample)} != {_SAMPLE.field(i).name for i in range(_SAMPLE.num_fields)}:
+    raise RuntimeError("the buffer checkpoint's sample columns differ from the fields of rlactors.types.Sample")
 
 
 def _request_row(request: PromptRequest, where: str) -> dict:
@@ -62,6 +68,7 @@ def _request_from(row: dict) -> PromptRequest:
 
 
 def _group_from(row: dict) -> Group:
+    # A column a checkpoint of an older version lacks is absent from its rows: the Sample default.
     samples = [Sample(**s | {"score_details": json.loads(s["score_details"])}) for s in row["samples"]]
     return Group(_request_from(row), samples)
 

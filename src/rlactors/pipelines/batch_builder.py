@@ -14,7 +14,9 @@ bookkeeping. The TrainBatches it puts belong to it and are freed once their refs
 
 The numbers are those the driver computed before (the same functions in the same order, in
 `add_advantages`): groups in group_id order, old and reference logprobs, token rewards (minus the
-KL penalty if `kl_coef` is given), then GAE, RLOO or GRPO advantages.
+KL penalty if `kl_coef` is given), then GAE, RLOO or GRPO advantages. All of them run over the
+model tokens of the responses (`TrainBatch.train_mask`): a multi-turn response's score lands on its
+last model token, and GAE carries values across the observation tokens between turns.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ from rlactors.durable import write_durably
 from rlactors.trainer.batch import (
     TrainBatch,
     TrainBatchRef,
-    response_mask,
     rows_in_batch_order,
     train_batch_from_groups,
 )
@@ -46,7 +47,9 @@ def add_advantages(batch: TrainBatch, old_rows: list[tuple] | None, ref_rows: li
     its own logprobs as old ones (`pipelines.common.old_logprobs_from_update`), and measures the
     rollout/trainer gap itself."""
     metrics: dict[str, float] = {}
-    mask = response_mask(batch.response_lengths)
+    # Model tokens only: observation tokens (tool or environment output) were not sampled by the
+    # policy, so they carry no reward, KL, advantage or rollout/trainer gap (their logprob is 0.0).
+    mask = batch.train_mask()
     old = None
     if old_rows is not None:
         batch.set_field("old_logprobs", [row[1] for row in old_rows])
@@ -87,7 +90,7 @@ def in_group_order(groups: list[Group]) -> TrainBatch:
 
 
 def stored(batch: TrainBatch) -> TrainBatchRef:
-    return TrainBatchRef(ray.put(batch), batch.sequence_lengths, batch.response_lengths)
+    return TrainBatchRef.of(ray.put(batch), batch)
 
 
 @ray.remote(num_cpus=0)

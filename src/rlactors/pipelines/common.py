@@ -200,8 +200,12 @@ def sync_weights(run: Run) -> dict[str, float]:
 def rollout_metrics(sampled: SampledBatchRef, max_response_tokens: int) -> dict[str, float]:
     """Reward, length and staleness metrics of a sampled batch, from the numbers the buffer sent,
     and the prompts the buffer dropped since the previous batch, by kind (rollout_error,
-    zero_variance, stale)."""
+    zero_variance, stale). `response_length/*` count every response token; `response/*` split
+    them into the model's and observations (multi-turn tool or environment output), and
+    `episode/*` count turns and tool calls per sample."""
     lengths = np.array(sampled.response_lengths, dtype=float)
+    # A SampledBatchRef built without the per-sample counts (older callers) reads as single-turn.
+    model_tokens = np.array(sampled.num_model_tokens or sampled.response_lengths, dtype=float)
     scores = np.array(sampled.scores, dtype=float)
     accuracy = [value for value in sampled.accuracies if value is not None]
     staleness = sampled.staleness
@@ -211,6 +215,10 @@ def rollout_metrics(sampled: SampledBatchRef, max_response_tokens: int) -> dict[
         "response_length/mean": float(lengths.mean()),
         "response_length/max": float(lengths.max()),
         "response_length/clip_ratio": float((lengths >= max_response_tokens).mean()),
+        "response/model_tokens_mean": float(model_tokens.mean()),
+        "response/observation_tokens_mean": float((lengths - model_tokens).mean()),
+        "episode/num_turns_mean": float(np.mean(sampled.num_turns)) if sampled.num_turns else 1.0,
+        "episode/tool_calls_mean": float(np.mean(sampled.num_tool_calls)) if sampled.num_tool_calls else 0.0,
         "staleness/mean": float(np.mean(staleness)) if staleness else 0.0,
         "staleness/max": float(max(staleness)) if staleness else 0.0,
         **{f"buffer/num_dropped_{kind}": float(count) for kind, count in sampled.num_dropped.items()},

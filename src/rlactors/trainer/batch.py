@@ -14,8 +14,14 @@ The plan of a training call is computed once, centrally, from the sequence lengt
                           collectives run once per forward/backward on every rank), padding the
                           count with empty micro-batches when a rank has too few sequences
 
-Each plan carries the global counts of its mini-batch (response tokens, non-empty sequences), so
-losses normalise by the whole mini-batch whatever the number of ranks or micro-batches.
+Each plan carries the global counts of its mini-batch (model tokens, sequences with a model token),
+so losses normalise by the whole mini-batch whatever the number of ranks or micro-batches.
+
+Multi-turn responses interleave model tokens and observation tokens (tool or environment output);
+the `loss_mask` token field is 1 on the former, 0 on the latter. Everything that trains reads the
+response mask AND-ed with it (`padded_field`, `MicroBatch.mask`), so observation tokens are context
+only: no loss, entropy, KL, advantage or count sees them. They still occupy positions, so padding,
+packing and per-token outputs (`unpad_rows`) use the full response lengths.
 Pure functions: torch only, no Ray, no config objects.
 """
 
@@ -30,6 +36,8 @@ from rlactors.types import Group
 
 # Fields filled from the rollout record; others are added by the driver and the trainers.
 ROLLOUT_LOGPROBS = "rollout_logprobs"
+# 1.0 on model tokens, 0.0 on observation tokens; a batch without it trains on every response token.
+LOSS_MASK = "loss_mask"
 
 
 @dataclass
@@ -78,6 +86,20 @@ class TrainBatch:
         return [len(r) for r in self.response_token_ids]
 
     @property
+    def loss_masks(self) -> list[torch.Tensor]:
+        """Per sequence, 1.0 on the tokens that train (all ones without a `loss_mask` field)."""
+        if LOSS_MASK in self.token_fields:
+            return self.token_fields[LOSS_MASK]
+        return [torch.ones(len(r)) for r in self.response_token_ids]
+
+    @property
+    def num_model_tokens(self) -> list[int]:
+        """Per sequence, the response tokens that train (the model's, not observations)."""
+        if LOSS_MASK not in self.token_fields:
+            return self.response_lengths
+        return [int(m.sum()) for m in self.token_fields[LOSS_MASK]]
+
+    @property
     def sequence_lengths(self) -> list[int]:
         return [len(p) + len(r) for p, r in zip(self.prompt_token_ids, self.response_token_ids, strict=True)]
 
@@ -90,6 +112,9 @@ class TrainBatch:
                     f"token field {name!r} of {self.describe(i)}: shape {tuple(value.shape)}, "
                     f"expected ({len(response)},) like its response tokens"
                 )
+            # A fractional mask would weight tokens and break the token counts that normalise losses.
+            if name == LOSS_MASK and not bool(((value == 0) | (value == 1)).all()):
+                raise ValueError(f"token field {name!r} of {self.describe(i)}: values other than 0 and 1")
 
     def set_field(self, name: str, values: list[torch.Tensor]) -> None:
         """Add or replace a per-response-token field, checking every sequence's length."""
@@ -104,8 +129,16 @@ class TrainBatch:
 
     def padded_field(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """`(values, mask)`, both [num_sequences, longest response], right-padded with zeros: the form
-        the advantage functions take. `set_padded_field` is the way back."""
-        return pad_right(self.token_field(name)), response_mask(self.response_lengths)
+        the advantage functions take. The mask is the `train_mask` (model tokens only); values are
+        there for every response token. `set_padded_field` is the way back."""
+        return pad_right(self.token_field(name)), self.train_mask()
+
+    def train_mask(self) -> torch.Tensor:
+        """[num_sequences, longest response] bool: real response tokens that are the model's."""
+        mask = response_mask(self.response_lengths)
+        if LOSS_MASK not in self.token_fields:
+            return mask
+        return mask & (pad_right(self.token_fields[LOSS_MASK], mask.shape[1]) != 0)
 
     def set_padded_field(self, name: str, padded: torch.Tensor) -> None:
         self.set_field(name, [padded[i, :n] for i, n in enumerate(self.response_lengths)])
@@ -144,8 +177,13 @@ class TrainBatchRef:
     lengths only): the driver directs training with this and never holds the batch itself."""
 
     ref: Any  # ObjectRef of a TrainBatch
-    sequence_lengths: list[int]
-    response_lengths: list[int]
+    sequence_lengths: list[int]  # prompt + response tokens: what packing and padding cost
+    num_model_tokens: list[int]  # response tokens that train: what losses normalise by
+
+    @classmethod
+    def of(cls, ref: Any, batch: TrainBatch) -> TrainBatchRef:
+        """The ref of `batch` (already put) with the lengths planning reads."""
+        return cls(ref, batch.sequence_lengths, batch.num_model_tokens)
 
     def __len__(self) -> int:
         return len(self.sequence_lengths)
@@ -165,12 +203,13 @@ def train_batch_from_groups(groups: list[Group]) -> TrainBatch:
     """Flatten groups into a `TrainBatch`, group by group, sample by sample.
 
     Group ids are 0..len(groups)-1 in order. The rollout engine's logprobs become the
-    `rollout_logprobs` field. A sample that failed in rollout, has no score, or whose
-    logprobs do not match its response is an error naming it: nothing is dropped silently.
+    `rollout_logprobs` field and the samples' loss masks the `loss_mask` field (all ones for a
+    sample without one). A sample that failed in rollout, has no score, or whose logprobs or loss
+    mask do not match its response is an error naming it: nothing is dropped silently.
     """
     batch = dict(prompt_token_ids=[], response_token_ids=[], group_ids=[], prompt_ids=[], sample_indices=[],
                  scores=[])
-    logprobs = []
+    logprobs, loss_masks = [], []
     for group_id, group in enumerate(groups):
         for sample in group.samples:
             name = f"group {group.group_id!r} prompt_id {sample.prompt_id!r} sample_index {sample.sample_index}"
@@ -183,6 +222,11 @@ def train_batch_from_groups(groups: list[Group]) -> TrainBatch:
             if len(sample.response_logprobs) != len(sample.response_token_ids):
                 raise ValueError(f"{name}: {len(sample.response_logprobs)} response_logprobs for "
                                  f"{len(sample.response_token_ids)} response tokens")
+            if sample.loss_mask and len(sample.loss_mask) != len(sample.response_token_ids):
+                raise ValueError(f"{name}: loss_mask of {len(sample.loss_mask)} entries for "
+                                 f"{len(sample.response_token_ids)} response tokens")
+            if any(m not in (0, 1) for m in sample.loss_mask):
+                raise ValueError(f"{name}: loss_mask holds values other than 0 and 1")
             if not sample.prompt_token_ids:
                 raise ValueError(f"{name}: empty prompt")
             batch["prompt_token_ids"].append(list(sample.prompt_token_ids))
@@ -192,7 +236,9 @@ def train_batch_from_groups(groups: list[Group]) -> TrainBatch:
             batch["sample_indices"].append(sample.sample_index)
             batch["scores"].append(float(sample.score))
             logprobs.append(torch.tensor(sample.response_logprobs, dtype=torch.float32))
-    return TrainBatch(**batch, token_fields={ROLLOUT_LOGPROBS: logprobs})
+            loss_masks.append(torch.tensor(sample.loss_mask, dtype=torch.float32) if sample.loss_mask
+                              else torch.ones(len(sample.response_token_ids)))
+    return TrainBatch(**batch, token_fields={ROLLOUT_LOGPROBS: logprobs, LOSS_MASK: loss_masks})
 
 
 def pad_right(values: list[torch.Tensor], width: int | None = None, value: float = 0.0) -> torch.Tensor:
@@ -220,8 +266,8 @@ class MiniBatchPlan:
     the batch; an empty list is a filler micro-batch). Counts are over the whole mini-batch."""
 
     micro_batches: list[list[list[int]]]
-    num_tokens: int  # response tokens, all ranks
-    num_sequences: int  # sequences with at least one response token, all ranks
+    num_tokens: int  # model tokens (observation tokens do not train), all ranks
+    num_sequences: int  # sequences with at least one model token, all ranks
 
     def for_rank(self, rank: int) -> MiniBatchPlan:
         return MiniBatchPlan([self.micro_batches[rank]], self.num_tokens, self.num_sequences)
@@ -272,13 +318,17 @@ def equalize_micro_batch_counts(per_rank: list[list[list[int]]]) -> list[list[li
 
 def plan_mini_batches(
     sequence_lengths: list[int],
-    response_lengths: list[int],
+    num_model_tokens: list[int],
     num_mini_batches: int,
     num_ranks: int,
     max_tokens_per_micro_batch: int,
 ) -> list[MiniBatchPlan]:
-    """The plan of one pass over a batch (see the module docstring)."""
+    """The plan of one pass over a batch (see the module docstring): shards and micro-batches from
+    `sequence_lengths` (every token costs memory), the loss normalisers from `num_model_tokens`
+    (per sequence, the response tokens that train)."""
     num_sequences = len(sequence_lengths)
+    if len(num_model_tokens) != num_sequences:
+        raise ValueError(f"{len(num_model_tokens)} model-token counts for {num_sequences} sequences")
     if num_mini_batches < 1 or num_ranks < 1:
         raise ValueError(f"num_mini_batches ({num_mini_batches}) and num_ranks ({num_ranks}) must be >= 1")
     if num_sequences < num_mini_batches:
@@ -291,8 +341,8 @@ def plan_mini_batches(
         per_rank = [pack_micro_batches(s, sequence_lengths, max_tokens_per_micro_batch) for s in shards]
         plans.append(MiniBatchPlan(
             micro_batches=equalize_micro_batch_counts(per_rank),
-            num_tokens=sum(response_lengths[i] for i in indices),
-            num_sequences=sum(1 for i in indices if response_lengths[i] > 0),
+            num_tokens=sum(num_model_tokens[i] for i in indices),
+            num_sequences=sum(1 for i in indices if num_model_tokens[i] > 0),
         ))
     return plans
 
@@ -309,7 +359,9 @@ class MicroBatch:
     causal attention means no real token attends to a pad, so no attention mask is needed and
     results do not depend on the padded width. `response_positions` [B, R] are the positions whose
     logits predict the response tokens (`prompt_len - 1 + t`), `labels` [B, R] those tokens and
-    `mask` [B, R] marks real response tokens. `fields[name]` are the token fields, [B, R].
+    `mask` [B, R] marks the response tokens that train (real, and the model's: observation tokens
+    are 0). `response_lengths[b]` counts every response token of row b, observations included.
+    `fields[name]` are the token fields, [B, R].
     """
 
     indices: list[int]
@@ -318,6 +370,7 @@ class MicroBatch:
     labels: torch.Tensor
     mask: torch.Tensor
     fields: dict[str, torch.Tensor]
+    response_lengths: list[int]
 
     @property
     def num_tokens(self) -> int:
@@ -326,7 +379,7 @@ class MicroBatch:
     def to(self, device: torch.device | str) -> MicroBatch:
         move = lambda t: t.to(device, non_blocking=True)  # noqa: E731
         return MicroBatch(self.indices, move(self.input_ids), move(self.response_positions), move(self.labels),
-                          move(self.mask), {k: move(v) for k, v in self.fields.items()})
+                          move(self.mask), {k: move(v) for k, v in self.fields.items()}, list(self.response_lengths))
 
 
 def build_micro_batch(batch: TrainBatch, indices: list[int], field_names: tuple[str, ...] = (),
@@ -339,23 +392,25 @@ def build_micro_batch(batch: TrainBatch, indices: list[int], field_names: tuple[
     if not indices:
         one = torch.zeros((1, 1), dtype=torch.long)
         return MicroBatch([], one + pad_token_id, one, one, one.bool(),
-                          {name: torch.zeros((1, 1)) for name in field_names})
+                          {name: torch.zeros((1, 1)) for name in field_names}, [])
     sequences = [batch.prompt_token_ids[i] + batch.response_token_ids[i] for i in indices]
     input_ids = pad_right([torch.tensor(s, dtype=torch.long) for s in sequences], value=pad_token_id)
     response_lengths = [len(batch.response_token_ids[i]) for i in indices]
     width = max(max(response_lengths), 1)
     prompt_lengths = torch.tensor([len(batch.prompt_token_ids[i]) for i in indices]).unsqueeze(1)
     mask = response_mask(response_lengths, width)
+    if LOSS_MASK in batch.token_fields:
+        mask &= pad_right([batch.token_fields[LOSS_MASK][i] for i in indices], width) != 0
     # Padded response slots point at the last real position so gathers stay in range.
     positions = torch.minimum(prompt_lengths - 1 + torch.arange(width).unsqueeze(0), torch.tensor(input_ids.shape[1] - 1))
     labels = pad_right([torch.tensor(batch.response_token_ids[i], dtype=torch.long) for i in indices], width,
                        value=pad_token_id)
     fields = {name: pad_right([batch.token_field(name)[i] for i in indices], width) for name in field_names}
-    return MicroBatch(list(indices), input_ids, positions, labels, mask, fields)
+    return MicroBatch(list(indices), input_ids, positions, labels, mask, fields, response_lengths)
 
 
 def unpad_rows(padded: torch.Tensor, micro_batch: MicroBatch) -> list[tuple[int, torch.Tensor]]:
-    """(sequence index, its response-token values) for each real sequence of a micro-batch."""
-    lengths = micro_batch.mask.sum(dim=1).tolist()
-    return [(i, padded[row, : int(n)].detach().float().cpu().clone()) for row, (i, n) in
-            enumerate(zip(micro_batch.indices, lengths, strict=False))]
+    """(sequence index, its values at every response token, observations included) for each real
+    sequence of a micro-batch: old logprobs and values are read back per token, whatever trains."""
+    return [(i, padded[row, :n].detach().float().cpu().clone()) for row, (i, n) in
+            enumerate(zip(micro_batch.indices, micro_batch.response_lengths, strict=True))]

@@ -114,7 +114,7 @@ class TrainerGroup:
         return self.workers
 
     def _plans(self, batch: TrainBatchRef, num_mini_batches: int) -> list[MiniBatchPlan]:
-        return plan_mini_batches(batch.sequence_lengths, batch.response_lengths, num_mini_batches, self.num_workers,
+        return plan_mini_batches(batch.sequence_lengths, batch.num_model_tokens, num_mini_batches, self.num_workers,
                                  self.trainer.max_tokens_per_micro_batch)
 
     @staticmethod
@@ -125,7 +125,7 @@ class TrainerGroup:
             return batch
         if isinstance(batch, ray.ObjectRef):
             batch = ray.get(batch)
-        return TrainBatchRef(ray.put(batch), batch.sequence_lengths, batch.response_lengths)
+        return TrainBatchRef.of(ray.put(batch), batch)
 
     def _fan_out(self, method: str, batch: BatchArg, num_mini_batches: int, *args) -> list:
         """Call `method(batch_ref, this rank's plans, *args)` on every rank; results in rank order."""
@@ -187,7 +187,7 @@ class TrainerGroup:
         return self._fan_out("update_critic", batch, self.trainer.num_mini_batches)[0]
 
     def sft_step(self, batch: BatchArg) -> dict[str, float]:
-        """Supervised NLL on response tokens: one optimizer step per mini-batch."""
+        """Supervised NLL on the model tokens of the responses: one optimizer step per mini-batch."""
         return self._fan_out("sft_step", batch, self.trainer.num_mini_batches)[0]
 
     def export_weights(self, bucket_bytes: int = 64 << 20, dtype: torch.dtype | None = None) -> tuple[list, int]:

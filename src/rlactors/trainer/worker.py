@@ -225,7 +225,8 @@ class TrainerWorker:
         return self._train(batch, plans, ["values", "returns"], loss_fn, "critic", self.trainer.num_epochs)
 
     def sft_step(self, batch: TrainBatch, plans: list[MiniBatchPlan]) -> dict[str, float]:
-        """Supervised masked NLL of the response tokens (prompt tokens are context only)."""
+        """Supervised masked NLL of the model tokens of the responses (prompt and observation tokens are
+        context only)."""
         self._start("sft_step", ("actor",))
 
         def loss_fn(micro: MicroBatch, plan: MiniBatchPlan) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
