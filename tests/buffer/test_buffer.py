@@ -290,7 +290,8 @@ def groups(draw) -> Group:
                draw(st.text(max_size=8)), draw(st.none() | st.floats(allow_nan=False)),
                draw(st.dictionaries(st.text(max_size=4), json_values, max_size=2)), draw(st.none() | st.text(max_size=4)),
                loss_mask=draw(st.lists(st.integers(0, 1), max_size=4)), num_turns=draw(st.integers(1, 9)),
-               num_tool_calls=draw(st.integers(0, 9)), episode_reward=draw(st.none() | st.floats(allow_nan=False)))
+               num_tool_calls=draw(st.integers(0, 9)), episode_reward=draw(st.none() | st.floats(allow_nan=False)),
+               environment_error=draw(st.none() | st.text(max_size=4)))
         for i in range(draw(st.integers(1, 3)))
     ]
     return Group(request, samples)
