@@ -156,3 +156,14 @@ def test_a_mistyped_model_path_is_refused_instead_of_building_a_model(tmp_path, 
     message = refusal(config_for(tmp_path, typo, "model.preset=tiny"))
     assert str(typo) in message and "does not exist" in message and "model.build_if_missing=true" in message
     assert not typo.exists()
+
+
+def test_an_environment_that_does_not_load_is_refused_naming_where_it_was_named(tmp_path, tiny_model_dir):
+    (tmp_path / "broken_env.py").write_text("1 / 0\n")
+    message = refusal(config_for(tmp_path, tiny_model_dir, f"rollout.environment.name={tmp_path}/broken_env.py:Env"))
+    assert "rollout.environment.name" in message and "broken_env.py" in message and "ZeroDivisionError" in message
+    message = refusal(config_for(tmp_path, tiny_model_dir, "rollout.environment.name=no_such_environment"))
+    assert "'no_such_environment'" in message
+    # The tools task's rows name the built-ins, which load: preflight passes on to start Ray.
+    with pytest.raises(RayStarted):
+        build_run(config_for(tmp_path, tiny_model_dir, "data.task=tools"))

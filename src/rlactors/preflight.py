@@ -249,4 +249,23 @@ def check_prompts(config: Config, tokenizer, train_rows: list[PromptRow], train_
         if too_long:
             raise PreflightError(_too_long_message(config, "validation_sampling", "validation", too_long, path))
         val_requests += requests
+    check_environments(config.rollout.environment.name,
+                       [(row.prompt_id, getattr(row.extra_info, "environment", None)) for row in train_rows]
+                       + [(request.prompt_id, request.extra_info.get("environment")) for request in val_requests])
     return val_requests
+
+
+def check_environments(configured: str | None, row_specs: list[tuple[str, str | None]]) -> None:
+    """Every environment the run will build (the configured one, and each a row names in
+    `extra_info.environment`) loads; the error names the spec and the first prompt_id using it."""
+    from rlactors.environments import load_environment
+
+    first_use = {configured: "rollout.environment.name"} if configured else {}
+    for prompt_id, spec in row_specs:
+        if spec and spec not in first_use:
+            first_use[spec] = f"prompt_id {prompt_id!r} (extra_info.environment)"
+    for spec, where in first_use.items():
+        try:
+            load_environment(spec)
+        except Exception as error:  # noqa: BLE001 - reported with where it was named
+            raise PreflightError(f"{where}: {error}") from None
