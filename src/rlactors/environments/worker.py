@@ -139,7 +139,7 @@ def episode_main(connection: Connection, spec: str, data_source: str, ground_tru
         environment = factory(data_source=data_source, ground_truth=copy.deepcopy(ground_truth),
                               extra_info=copy.deepcopy(extra_info))
     except BaseException as error:  # noqa: BLE001 - reported to the engine, the episode fails
-        connection.send(("error", f"building environment {spec!r}: {_describe(error)}"))
+        connection.send(("error", f"building it: {_describe(error)}"))
         return
     while True:
         try:
