@@ -21,7 +21,7 @@ import math
 import operator
 from typing import Any
 
-from rlactors.environments.common import answer_reward, environment_settings, render_result
+from rlactors.environments.common import answer_calls, answer_reward, environment_settings
 from rlactors.environments.protocol import StepResult, Turn
 
 TOOL_NAMES = ("calc", "calculator")
@@ -105,20 +105,15 @@ class CalculatorEnvironment:
     def step(self, turn: Turn) -> StepResult:
         if not turn.tool_calls:
             return StepResult(reward=answer_reward(turn.text, self.ground_truth), done=True)
-        results = []
-        for call in turn.tool_calls:
-            if call.error is not None:
-                result = f"error: {call.error}"
-            elif call.name not in TOOL_NAMES:
-                result = f"error: unknown tool {call.name!r}; tools: {', '.join(TOOL_NAMES)}"
-            else:
-                expression = call.arguments.get("expression", call.arguments.get("input"))
-                if not isinstance(expression, str):
-                    result = 'error: the calculator takes an "expression" string'
-                else:
-                    try:
-                        result = format_number(calculate(expression))
-                    except CalculationError as error:
-                        result = f"error: {error}"
-            results.append(render_result(result, self.observation_prefix))
-        return StepResult(observation="".join(results), reward=0.0)
+        return StepResult(observation=answer_calls(turn.tool_calls, TOOL_NAMES, self._calculate,
+                                                   self.observation_prefix), reward=0.0)
+
+    @staticmethod
+    def _calculate(call) -> str:
+        expression = call.arguments.get("expression", call.arguments.get("input"))
+        if not isinstance(expression, str):
+            return 'error: the calculator takes an "expression" string'
+        try:
+            return format_number(calculate(expression))
+        except CalculationError as error:
+            return f"error: {error}"

@@ -61,3 +61,18 @@ def answer_reward(text: str, ground_truth: Any) -> float:
 
 def render_result(result: str, prefix: str) -> str:
     return prefix + result + ("" if result.endswith("\n") else "\n")
+
+
+def answer_calls(calls: list, tool_names: tuple[str, ...], run_tool, prefix: str) -> str:
+    """One rendered result per call: `run_tool(call)`'s text for a call to one of `tool_names`, an
+    error text for a malformed call or an unknown tool (the model reads it; nothing raises)."""
+    results = []
+    for call in calls:
+        if call.error is not None:
+            result = f"error: {call.error}"
+        elif call.name not in tool_names:
+            result = f"error: unknown tool {call.name!r}; tools: {', '.join(tool_names)}"
+        else:
+            result = run_tool(call)
+        results.append(render_result(result, prefix))
+    return "".join(results)

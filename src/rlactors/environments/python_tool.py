@@ -29,7 +29,7 @@ import sys
 import tempfile
 from typing import Any
 
-from rlactors.environments.common import answer_reward, environment_settings, render_result
+from rlactors.environments.common import answer_calls, answer_reward, environment_settings
 from rlactors.environments.protocol import StepResult, Turn
 
 TOOL_NAMES = ("python",)
@@ -122,14 +122,9 @@ class PythonEnvironment:
             return StepResult(reward=answer_reward(turn.text, self.ground_truth), done=True)
         settings = dict(self.settings)
         prefix = settings.pop("observation_prefix")
-        results = []
-        for call in turn.tool_calls:
-            if call.error is not None:
-                result = f"error: {call.error}"
-            elif call.name not in TOOL_NAMES:
-                result = f"error: unknown tool {call.name!r}; tools: {', '.join(TOOL_NAMES)}"
-            else:
-                code = call.arguments.get("code", call.arguments.get("input"))
-                result = run_python(code, **settings) if isinstance(code, str) else 'error: python takes a "code" string'
-            results.append(render_result(result, prefix))
-        return StepResult(observation="".join(results), reward=0.0)
+
+        def run(call) -> str:
+            code = call.arguments.get("code", call.arguments.get("input"))
+            return run_python(code, **settings) if isinstance(code, str) else 'error: python takes a "code" string'
+
+        return StepResult(observation=answer_calls(turn.tool_calls, TOOL_NAMES, run, prefix), reward=0.0)
