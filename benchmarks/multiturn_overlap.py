@@ -2,7 +2,7 @@
 
 One RolloutEngine (vLLM on CPU, the `small` preset) runs the same episodes twice per round: with a
 tool that answers at once and with one that sleeps `--tool-delay-s` (100 ms) per call. Each
-episode is 2 to 4 turns (varied by prompt, as real episodes vary) of at most `--turn-tokens`
+episode is 2 to 4 turns (drawn per episode, as real episodes vary) of at most `--turn-tokens`
 tokens (EOS ignored), with a short observation between turns. Groups are fed as a rollout
 producer feeds them: `--num-in-flight` groups at a time, the next sent as soon as one finishes,
 so episodes start and end at different moments and a waiting sample's slot goes to another's turn.
@@ -13,7 +13,7 @@ alike; the medians are compared. `overlap_ratio` = slow-tool tokens/s / instant-
 (the target is >= 0.8). `no_overlap_ratio` is what it would be if no turn ran while a tool waited:
 the instant run's time over that time plus one delay per wave of turns (turns / episodes in flight).
 
-    .venv/bin/python benchmarks/multiturn_overlap.py [--rounds 3] [--num-groups 48]
+    .venv/bin/python benchmarks/multiturn_overlap.py [--rounds 3] [--num-groups 96]
 
 Prints a line per run, then one final JSON line.
 """
@@ -39,7 +39,7 @@ TOOL = Path(__file__).with_name("sleeping_tool.py")
 def run(engine, tokenizer, num_groups: int, num_in_flight: int, delay_s: float, sampling: SamplingConfig,
         seed: int) -> dict:
     requests = [PromptRequest(f"p{i}", tokenizer.encode(f"{i}*{i + 7}="), group_id=f"p{i}#{seed}.{delay_s}",
-                              extra_info={"delay_s": delay_s, "num_turns": 2 + i % 3})
+                              extra_info={"delay_s": delay_s, "max_turns": 4})
                 for i in range(num_groups)]
     pending = list(requests)
     in_flight, num_model_tokens, num_turns = [], 0, 0
@@ -66,8 +66,8 @@ def run(engine, tokenizer, num_groups: int, num_in_flight: int, delay_s: float, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--num-groups", type=int, default=48)
-    parser.add_argument("--num-in-flight", type=int, default=16, help="groups generating at once")
+    parser.add_argument("--num-groups", type=int, default=96)
+    parser.add_argument("--num-in-flight", type=int, default=32, help="groups generating at once")
     parser.add_argument("--num-samples", type=int, default=8, help="episodes per group")
     parser.add_argument("--turn-tokens", type=int, default=4, help="short turns: the tool's wait weighs the most")
     parser.add_argument("--tool-delay-s", type=float, default=0.1)

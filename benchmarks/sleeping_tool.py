@@ -1,8 +1,9 @@
 """The tool of benchmarks/multiturn_overlap.py: answers each turn after `delay_s`, ends the
-episode after `num_turns` turns. Its own module, so an episode process imports nothing else."""
+episode after 2 to `max_turns` turns, drawn per episode. Its own module, so an episode process imports nothing else."""
 
 from __future__ import annotations
 
+import random
 import time
 
 from rlactors.environments.protocol import StepResult
@@ -11,7 +12,9 @@ from rlactors.environments.protocol import StepResult
 class SleepingTool:
     def __init__(self, data_source, ground_truth, extra_info):
         self.delay_s = float(extra_info["delay_s"])
-        self.num_turns = int(extra_info["num_turns"])
+        # Episodes of one prompt differ in length as real ones do (fresh entropy per episode process),
+        # so samples drift out of step and one's tool wait can be filled with another's turn.
+        self.num_turns = random.randint(2, int(extra_info["max_turns"]))
 
     def reset(self) -> str:
         return ""
