@@ -13,6 +13,10 @@
 3. GRPO through the real stack (vLLM rollout with the calculator environment, reward actors, FSDP2
    trainer), greedy validation on held-out problems before the first step and after the last.
 4. A summary JSON line: accuracy and the share of validation episodes that called the tool.
+
+Measured on 2 CPU cores (defaults: 35 warm-up steps, 20 GRPO steps): held-out greedy accuracy
+0.36 -> 0.65, every validation episode calls the tool, ~5 min. With 150 warm-up steps the model
+starts at 0.80 and 20 GRPO steps do not improve it (0.76): the warm-up must stop early.
 """
 
 from __future__ import annotations
@@ -86,7 +90,7 @@ def tool_use_share(output_dir: Path, step: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20, help="GRPO steps")
-    parser.add_argument("--sft-steps", type=int, default=150, help="supervised warm-up steps")
+    parser.add_argument("--sft-steps", type=int, default=35, help="supervised warm-up steps")
     parser.add_argument("--output", default="outputs/calculator_tool")
     parser.add_argument("--smoke", action="store_true", help="1 warm-up step, 1 GRPO step, tiny sizes (tests)")
     args = parser.parse_args(argv)
