@@ -18,6 +18,15 @@ def tiny_model_dir(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", preset="tiny", seed=0)
 
 
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir):
+    """The transformers model holding the same weights as the module's engine, and its tokenizer
+    (tests that send weights to the engine mutate both together, so each module gets its own)."""
+    from rlactors.models import load_model, load_tokenizer
+
+    return load_model(tiny_model_dir).eval(), load_tokenizer(tiny_model_dir)
+
+
 def start_local_ray():
     """The suite's local Ray: 4 CPUs declared (what the pipelines' plans need), no dashboard."""
     import ray

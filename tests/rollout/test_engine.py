@@ -36,14 +36,6 @@ def engine(ray_session, tiny_model_dir):
     ray.kill(handle)
 
 
-@pytest.fixture(scope="module")
-def reference(tiny_model_dir):
-    """The transformers model holding the same weights as the engine (tests mutate both together)."""
-    from rlactors.models import load_model, load_tokenizer
-
-    return load_model(tiny_model_dir).eval(), load_tokenizer(tiny_model_dir)
-
-
 def test_logprobs_match_transformers_forward(engine, reference):
     model, tokenizer = reference
     version = _version(engine)

@@ -37,13 +37,6 @@ def engine(ray_session, tiny_model_dir):
     ray.kill(handle)
 
 
-@pytest.fixture(scope="module")
-def reference(tiny_model_dir):
-    from rlactors.models import load_model, load_tokenizer
-
-    return load_model(tiny_model_dir).eval(), load_tokenizer(tiny_model_dir)
-
-
 def requests_for(tokenizer, texts, **extra_info):
     return [PromptRequest(f"p{i}", tokenizer.encode(text), extra_info=dict(extra_info)) for i, text in enumerate(texts)]
 

@@ -39,13 +39,6 @@ def router(ray_session, tiny_model_dir):
         ray.kill(engine)
 
 
-@pytest.fixture(scope="module")
-def reference(tiny_model_dir):
-    from rlactors.models import load_model, load_tokenizer
-
-    return load_model(tiny_model_dir).eval(), load_tokenizer(tiny_model_dir)
-
-
 def long_sampling(seed=None):
     return SamplingConfig(num_samples_per_prompt=2, max_response_tokens=NUM_TOKENS, ignore_eos=True, seed=seed)
 
