@@ -45,3 +45,8 @@ class Crashes(Scripted):
         if turn.turn_index == 1:
             os.kill(os.getpid(), signal.SIGKILL)
         return super().step(turn)
+
+
+class FailsToReset(Scripted):
+    def reset(self) -> str:
+        raise RuntimeError("no episode today")

@@ -131,13 +131,16 @@ def test_an_episode_interrupted_by_a_weight_sync_goes_on_under_the_new_weights(e
 def test_a_failing_environment_ends_only_its_own_episode(engine, reference):
     _, tokenizer = reference
     sampling = SamplingConfig(num_samples_per_prompt=2, max_response_tokens=60, ignore_eos=True, seed=6)
-    names = ["Scripted", "Raises", "Hangs", "Crashes"]
+    names = ["Scripted", "Raises", "Hangs", "Crashes", "FailsToReset"]
     requests = [PromptRequest(f"p{i}", tokenizer.encode("1+1="), extra_info={"environment": spec(name)})
                 for i, name in enumerate(names)]
     start = time.monotonic()
     groups = {g.prompt_id: g for g in collect(engine, requests, sampling)}
     assert time.monotonic() - start < 60  # the hung step was killed at its 2 s limit
     expected = {"p1": "KeyError: 'scripted failure'", "p2": "step_timeout_s=2.0", "p3": "its process died"}
+    for sample in groups.pop("p4").samples:  # no model token to train: a rollout error, its group dropped
+        assert sample.finish_reason == "error" and "RuntimeError: no episode today" in sample.error
+        assert sample.num_response_tokens == 0 and sample.environment_error == sample.error
     for prompt_id, group in groups.items():
         for sample in group.samples:
             assert sample.error is None and len(sample.loss_mask) == sample.num_response_tokens

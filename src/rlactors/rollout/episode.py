@@ -16,7 +16,9 @@ new weights exactly as for a single-turn response; the episode goes on.
 Each episode's environment runs in its own process (`rlactors.environments.worker`) and is awaited
 on the event loop: while one sample waits for its tool, the engine keeps generating the others.
 An environment that raises, hangs or dies ends its episode with `environment_error` set; the
-tokens so far are kept and score 0 (the scorer records the error), nothing else is touched.
+tokens so far are kept and score 0 (the scorer records the error), nothing else is touched. If
+the model had produced no token yet, the sample is a rollout error instead (`error`): nothing of
+it can train, and the buffer drops its group with the reason in the ledger.
 """
 
 from __future__ import annotations
@@ -107,5 +109,9 @@ async def run_episode(sample: Sample, request: PromptRequest, setting: SamplingC
         if worker is not None:
             worker.close()
     sample.episode_reward = sum(rewards) if rewards else None
+    if sample.environment_error is not None and not any(sample.loss_mask):
+        # Nothing of the model's to train (the environment failed to build, in reset, or before the
+        # first turn ended): a rollout error, so the group is dropped with this reason recorded.
+        sample.finish_reason, sample.error = "error", sample.environment_error
     if len(sample.loss_mask) != sample.num_response_tokens:  # invariant: aligned with the tokens
         raise AssertionError(f"{where}: loss mask of {len(sample.loss_mask)} for {sample.num_response_tokens} tokens")
