@@ -63,10 +63,17 @@ async def run_episode(sample: Sample, request: PromptRequest, setting: SamplingC
     where = f"prompt_id={request.prompt_id!r} sample {sample.sample_index}"
     sample.num_turns = 0
     rewards: list[float] = []
-    worker = None
     try:
         worker = await EpisodeWorker.start(spec, request.data_source, request.ground_truth, request.extra_info,
                                            config.step_timeout_s)
+    except Exception as error:  # noqa: BLE001 - no process for this episode: this sample fails alone
+        sample.finish_reason = "error"
+        sample.error = sample.environment_error = (
+            f"{where}: environment {spec!r} could not start: {type(error).__name__}: {error}")
+        return
+    # From here only the environment's own failures are caught: an engine that dies mid-turn
+    # raises out of generate_turn, to the router, which restarts it and re-sends the request.
+    try:
         first = await worker.reset()
         if first:
             append_observation(sample, tokenizer.encode(first, add_special_tokens=False), policy_version)
@@ -84,7 +91,7 @@ async def run_episode(sample: Sample, request: PromptRequest, setting: SamplingC
                 break
             turn_tokens = sample.response_token_ids[start:]
             text = tokenizer.decode(turn_tokens, skip_special_tokens=True)
-            calls = parser.parse(text)
+            calls = _within_episode("parsing the tool calls", parser.parse, text)
             sample.num_tool_calls += len(calls)
             result = await worker.step(Turn(text, calls, turn_index, finish))
             if result.reward is not None:
@@ -93,8 +100,8 @@ async def run_episode(sample: Sample, request: PromptRequest, setting: SamplingC
                 break
             observation = result.observation
             if config.chat_template:
-                observation = chat_observation_text(
-                    tokenizer, observation, tokenizer.decode(turn_tokens, skip_special_tokens=False))
+                observation = _within_episode("rendering the observation", chat_observation_text, tokenizer,
+                                              observation, tokenizer.decode(turn_tokens, skip_special_tokens=False))
             tokens = tokenizer.encode(observation, add_special_tokens=False)
             room = budget - sample.num_response_tokens
             if len(tokens) >= room:  # no room left for another model turn after it
@@ -103,11 +110,8 @@ async def run_episode(sample: Sample, request: PromptRequest, setting: SamplingC
             append_observation(sample, tokens, policy_version)
     except EnvironmentFailure as error:
         sample.environment_error = f"{where} turn {sample.num_turns}: {error}"
-    except Exception as error:  # noqa: BLE001 - the process could not start: this sample only
-        sample.environment_error = f"{where}: environment {spec!r} could not run: {type(error).__name__}: {error}"
     finally:
-        if worker is not None:
-            worker.close()
+        worker.close()
     sample.episode_reward = sum(rewards) if rewards else None
     if sample.environment_error is not None and not any(sample.loss_mask):
         # Nothing of the model's to train (the environment failed to build, in reset, or before the
@@ -115,3 +119,12 @@ async def run_episode(sample: Sample, request: PromptRequest, setting: SamplingC
         sample.finish_reason, sample.error = "error", sample.environment_error
     if len(sample.loss_mask) != sample.num_response_tokens:  # invariant: aligned with the tokens
         raise AssertionError(f"{where}: loss mask of {len(sample.loss_mask)} for {sample.num_response_tokens} tokens")
+
+
+def _within_episode(what: str, function, *args):
+    """`function(*args)`, its exception an `EnvironmentFailure` of this episode alone (a parser or
+    a chat template that cannot handle one turn must not fail the engine's whole generate call)."""
+    try:
+        return function(*args)
+    except Exception as error:  # noqa: BLE001 - reported on the sample
+        raise EnvironmentFailure(f"{what}: {type(error).__name__}: {error}") from None
