@@ -101,3 +101,17 @@ def test_closing_an_episode_kills_the_processes_its_environment_started(tmp_path
         time.sleep(0.1)
     else:
         raise AssertionError(f"the environment's child {child} outlived its episode")
+
+
+def test_a_row_larger_than_one_socket_read_reaches_its_own_episode():
+    async def main():
+        big = {"num_turns": 2, "intro": "x" * 300_000}
+        workers = await asyncio.gather(*(EpisodeWorker.start(f"{SCRIPTED}:Scripted", "d", "g", info, 10.0)
+                                         for info in (big, {"intro": "small"}, big)))
+        try:
+            return await asyncio.gather(*(w.reset() for w in workers))
+        finally:
+            for worker in workers:
+                worker.close()
+
+    assert run(main()) == ["x" * 300_000, "small", "x" * 300_000]

@@ -67,15 +67,18 @@ class _ForkServer:
                                f"(exit code {self.process.poll()})") from None
         ours.setblocking(False)
         self.socket = ours
-        self.lock = asyncio.Lock()
+        self._locks: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}  # one per event loop using the server
 
     async def fork(self, arguments: list) -> tuple[int, Connection]:
         """A new episode process running `episode_main(*arguments)`: its pid and its connection.
         Forks are serialised (the server answers each in order) but never block the event loop."""
-        async with self.lock:
+        async with self._locks.setdefault(asyncio.get_running_loop(), asyncio.Lock()):
             engine_end, episode_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            line = json.dumps(arguments).encode() + b"\n"
             with episode_end:
-                socket.send_fds(self.socket, [json.dumps(arguments).encode() + b"\n"], [episode_end.fileno()])
+                # The socket goes with the first bytes; a long line's rest follows as the server reads.
+                sent = await _send_with_fd(self.socket, line, episode_end.fileno())
+            await asyncio.get_running_loop().sock_sendall(self.socket, line[sent:])
             try:
                 line = await asyncio.wait_for(_receive_line(self.socket), SERVER_START_TIMEOUT_S)
             except TimeoutError:
@@ -98,15 +101,17 @@ def serve(fd: int, engine_pid: int) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     server = socket.socket(fileno=fd)
     server.sendall(b"ready")
-    buffer, imported = b"", set()
+    buffer, episode_fds, imported = b"", [], set()
     while True:
+        # A long line arrives in pieces, its socket with the first: both are kept until it is whole.
         message, fds, _, _ = socket.recv_fds(server, 65536, 1)
         if not message:
             return  # the engine closed its end (or died)
         buffer += message
-        while b"\n" in buffer and fds:
+        episode_fds += fds
+        while b"\n" in buffer and episode_fds:
             line, buffer = buffer.split(b"\n", 1)
-            episode_fd = fds.pop(0)
+            episode_fd = episode_fds.pop(0)
             arguments = json.loads(line)
             if arguments[0] not in imported:  # imported once here, so every fork has it already
                 imported.add(arguments[0])
@@ -211,6 +216,21 @@ class EpisodeWorker:
                 break
             except (ProcessLookupError, PermissionError):
                 continue
+
+
+async def _send_with_fd(sock: socket.socket, data: bytes, fd: int) -> int:
+    """Send the start of `data` with `fd` attached on a non-blocking socket; the bytes sent."""
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            return socket.send_fds(sock, [data], [fd])
+        except BlockingIOError:  # the server has not read the previous line yet
+            writable = loop.create_future()
+            loop.add_writer(sock.fileno(), lambda ready=writable: ready.done() or ready.set_result(None))
+            try:
+                await writable
+            finally:
+                loop.remove_writer(sock.fileno())
 
 
 async def _receive_line(sock: socket.socket) -> bytes:
