@@ -75,12 +75,16 @@ class _ForkServer:
         async with self._locks.setdefault(asyncio.get_running_loop(), asyncio.Lock()):
             engine_end, episode_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             line = json.dumps(arguments).encode() + b"\n"
-            with episode_end:
-                # The socket goes with the first bytes; a long line's rest follows as the server reads.
-                sent = await _send_with_fd(self.socket, line, episode_end.fileno())
-            await asyncio.get_running_loop().sock_sendall(self.socket, line[sent:])
-            try:
-                line = await asyncio.wait_for(_receive_line(self.socket), SERVER_START_TIMEOUT_S)
+
+            async def exchange() -> bytes:
+                with episode_end:
+                    # The socket goes with the first bytes; a long line's rest follows as the server reads.
+                    sent = await _send_with_fd(self.socket, line, episode_end.fileno())
+                await asyncio.get_running_loop().sock_sendall(self.socket, line[sent:])
+                return await _receive_line(self.socket)
+
+            try:  # sending waits on the server reading too: one bound covers both ways
+                line = await asyncio.wait_for(exchange(), SERVER_START_TIMEOUT_S)
             except TimeoutError:
                 raise RuntimeError(f"the environment fork server did not fork within {SERVER_START_TIMEOUT_S} s") from None
             if not line:
