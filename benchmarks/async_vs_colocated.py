@@ -39,7 +39,7 @@ def run_mode(mode: str, model_path: Path, output_dir: Path, num_steps: int) -> l
     ]
     if mode == "async":
         common += ["buffer.staleness_threshold=1.0", "buffer.max_staleness=1", "rollout.partial_rollout=true",
-                   "algorithm.tis_cap=2.0", "rollout.cpu_cores=[0]", "trainer.cpu_cores=[1]"]
+                   "algorithm.rollout_correction.importance_level=token", "rollout.cpu_cores=[0]", "trainer.cpu_cores=[1]"]
     return run_pipeline(load_config(None, common))
 
 

@@ -90,3 +90,30 @@ def test_loggers_default_keep_jsonl_and_refuse_unknown_names():
     assert "pipeline.loggers" in message and "'neptune'" in message and "'wandb'" in message and "'mlflow'" in message
     with pytest.raises(ConfigError, match=r"pipeline\.loggers: .*must include 'jsonl'"):
         load_config(None, ["pipeline.loggers=[wandb]"])
+
+
+def test_remax_turns_the_greedy_baseline_on_and_nothing_else_may():
+    assert load_config(None, ["algorithm.advantage=remax"]).rollout.sampling.greedy_baseline is True
+    assert load_config(None, []).rollout.sampling.greedy_baseline is False
+    with pytest.raises(ConfigError, match="greedy_baseline is ReMax's baseline.*not grpo"):
+        load_config(None, ["rollout.sampling.greedy_baseline=true"])
+
+
+def test_tis_cap_names_its_replacement_and_a_dumped_null_still_loads():
+    with pytest.raises(ConfigError, match="importance_level=token and rollout_correction.importance_threshold=2.0"):
+        load_config(None, ["algorithm.tis_cap=2.0"])
+    assert load_config(None, ["algorithm.tis_cap=null"]).algorithm.rollout_correction.importance_level is None
+
+
+def test_rollout_correction_settings_are_checked_where_they_are_set():
+    with pytest.raises(ConfigError, match="bypass_mode computes its own loss.*got gspo"):
+        load_config(None, ["algorithm.rollout_correction.bypass_mode=true", "algorithm.policy_loss=gspo"])
+    with pytest.raises(ConfigError, match="set both or neither"):
+        load_config(None, ["algorithm.rollout_correction.rejection=token_k1"])
+    with pytest.raises(ConfigError, match="must not exceed importance_threshold"):
+        load_config(None, ["algorithm.rollout_correction.importance_threshold_lower=3.0"])
+    with pytest.raises(ConfigError, match="algorithm.policy_loss"):
+        load_config(None, ["algorithm.policy_loss=ppo2"])
+    with pytest.raises(ConfigError, match=r"algorithm.rollout_correction: .*unknown rejection options \['token_k9'\]"):
+        load_config(None, ["algorithm.rollout_correction.rejection=token_k9",
+                           "algorithm.rollout_correction.rejection_threshold=2.0"])

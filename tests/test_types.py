@@ -29,6 +29,13 @@ def test_group_pickles_and_unpickles_every_field():
         assert copy.samples[0].oldest_policy_version == 3 and copy.policy_versions == [3, 4]
 
 
+def test_a_group_with_a_greedy_baseline_pickles_it_too():
+    group = dataclasses.replace(make_group(), baseline=Sample("gsm8k/train/7", 2, [5, 6, 7], [9], [-0.5], [3], score=0.5))
+    for dumps in (pickle.dumps, ray.cloudpickle.dumps):
+        copy = pickle.loads(dumps(group))
+        assert copy == group and copy.baseline == group.baseline and copy.baseline is not group.baseline
+
+
 def test_unpickled_group_is_independent_of_the_original():
     group = make_group()
     copy = pickle.loads(pickle.dumps(group))

@@ -15,7 +15,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+
+from rlactors.algorithm_config import AlgorithmConfig, RolloutCorrectionConfig
+from rlactors.config_section import Section
 
 # What `pipeline.loggers` is when not set; tensorboard in it may be missing (see that field).
 DEFAULT_LOGGERS = ("jsonl", "tensorboard")
@@ -25,11 +28,7 @@ class ConfigError(ValueError):
     """A configuration key or value is wrong; the message names the dotted path."""
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class ModelConfig(_Section):
+class ModelConfig(Section):
     path: str = Field(
         ".cache/models/small",
         description="Local Hugging Face model folder (config.json, safetensors, tokenizer). "
@@ -62,7 +61,7 @@ class ModelConfig(_Section):
         return self
 
 
-class SamplingConfig(_Section):
+class SamplingConfig(Section):
     num_samples_per_prompt: int = Field(8, ge=1, description="Responses generated per prompt (the group size).")
     temperature: float = Field(1.0, ge=0.0, description="Sampling temperature; 0 is greedy.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling probability mass.")
@@ -72,6 +71,10 @@ class SamplingConfig(_Section):
     seed: int | None = Field(None, description="Sampling seed; null draws a fresh one per request.")
     ignore_eos: bool = Field(
         False, description="Keep generating past end-of-sequence up to max_response_tokens (benchmarks)."
+    )
+    greedy_baseline: bool = Field(
+        False, description="Also generate one greedy response per prompt, scored like the others and never trained: "
+        "ReMax's baseline (`Group.baseline`). Set by algorithm.advantage=remax, which needs it."
     )
 
 
@@ -83,7 +86,7 @@ class ValidationSamplingConfig(SamplingConfig):
     temperature: float = Field(0.0, ge=0.0, description="Validation sampling temperature; 0 (greedy) by default.")
 
 
-class EnvironmentConfig(_Section):
+class EnvironmentConfig(Section):
     name: str | None = Field(
         None, description="Multi-turn environment of every prompt: a built-in (calculator, python, guess_number) or "
         "`path/to/module.py:Name` / `package.module:Name` (`rlactors.environments.protocol`). A row's "
@@ -108,7 +111,7 @@ class EnvironmentConfig(_Section):
     )
 
 
-class RolloutConfig(_Section):
+class RolloutConfig(Section):
     num_engines: int = Field(1, ge=1, description="vLLM engine replicas (data parallel).")
     tensor_parallel_size: int = Field(1, ge=1, description="Devices per engine (tensor parallel).")
     num_cpus_per_engine: float = Field(1.0, gt=0, description="Ray CPUs reserved per engine actor.")
@@ -189,13 +192,13 @@ class RolloutConfig(_Section):
     )
 
 
-class OverlongConfig(_Section):
+class OverlongConfig(Section):
     enable: bool = Field(False, description="Apply DAPO's soft overlong penalty.")
     buffer_tokens: int = Field(4, ge=1, description="Penalty ramps over the last this-many tokens before the limit.")
     penalty_factor: float = Field(1.0, ge=0.0, description="Penalty at the full response length limit.")
 
 
-class RewardConfig(_Section):
+class RewardConfig(Section):
     num_workers: int = Field(1, ge=1, description="Reward scorer actors.")
     num_cpus_per_worker: float = Field(
         0.0, ge=0, description="Ray CPUs reserved per scorer actor; 0 lets scorers share CPUs with rollout and trainers."
@@ -216,7 +219,7 @@ class RewardConfig(_Section):
     )
 
 
-class BufferConfig(_Section):
+class BufferConfig(Section):
     max_staleness: int = Field(
         0, ge=0, description="Hard bound on trainer version minus a sample's oldest version; 0 is on-policy."
     )
@@ -243,7 +246,7 @@ class BufferConfig(_Section):
     )
 
 
-class OptimConfig(_Section):
+class OptimConfig(Section):
     lr: float = Field(5e-4, gt=0, description="Peak learning rate of AdamW.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
@@ -255,7 +258,7 @@ class OptimConfig(_Section):
     eps: float = Field(1e-8, gt=0, description="AdamW epsilon (added to the root of the second moment).")
 
 
-class TrainerConfig(_Section):
+class TrainerConfig(Section):
     num_workers: int = Field(1, ge=1, description="FSDP ranks (Ray actors) in each trainer group.")
     num_cpus_per_worker: float = Field(1.0, gt=0, description="Ray CPUs reserved per trainer rank.")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="Policy optimizer.")
@@ -291,45 +294,7 @@ class TrainerConfig(_Section):
     )
 
 
-class AlgorithmConfig(_Section):
-    name: Literal["grpo", "dapo", "ppo"] = Field("grpo", description="Algorithm family (for logs and drivers).")
-    advantage: Literal["grpo", "rloo", "gae"] = Field("grpo", description="Advantage estimator.")
-    norm_by_std: bool = Field(True, description="GRPO: divide by the group std (off is Dr.GRPO).")
-    gamma: float = Field(1.0, ge=0, le=1, description="GAE discount.")
-    lam: float = Field(1.0, ge=0, le=1, description="GAE lambda.")
-    clip_ratio_low: float = Field(0.2, ge=0, description="PPO clip below 1.")
-    clip_ratio_high: float = Field(0.2, ge=0, description="PPO clip above 1 (DAPO clip-higher uses 0.28).")
-    clip_ratio_c: float = Field(3.0, gt=1, description="Dual-clip bound for negative advantages.")
-    loss_agg_mode: Literal[
-        "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
-    ] = Field("token-mean", description="How per-token losses are aggregated.")
-    loss_norm_tokens: int | None = Field(
-        None, ge=1, description="Constant divisor of seq-mean-token-sum-norm; null uses max_response_tokens."
-    )
-    use_kl_loss: bool = Field(False, description="Add a KL-to-reference loss term.")
-    kl_loss_coef: float = Field(0.001, ge=0, description="Coefficient of the KL loss term.")
-    kl_loss_type: Literal["k1", "k2", "k3", "low_var_kl", "abs"] = Field("low_var_kl", description="KL estimator of the loss term.")
-    use_kl_in_reward: bool = Field(False, description="Subtract a KL penalty from token rewards.")
-    kl_penalty: Literal["k1", "k2", "k3", "low_var_kl", "abs"] = Field("k1", description="KL estimator of the reward penalty.")
-    kl_controller: Literal["fixed", "adaptive"] = Field("fixed", description="Reward KL coefficient controller.")
-    kl_coef: float = Field(0.001, ge=0, description="Initial reward KL coefficient.")
-    kl_target: float = Field(0.1, gt=0, description="Adaptive controller's target KL.")
-    kl_horizon: int = Field(10000, ge=1, description="Adaptive controller's horizon.")
-    entropy_coef: float = Field(0.0, description="Entropy bonus coefficient.")
-    old_logprobs: Literal["auto", "recompute"] = Field(
-        "auto", description="Where the PPO ratio's old logprobs come from. 'recompute': a forward pass of the actor "
-        "over the batch before the update. 'auto': the same, except where that pass cannot differ from the update's "
-        "own logprobs (colocated mode, one mini-batch, one epoch, no KL penalty in the reward: the weights are those "
-        "that generated the batch until the update's only optimizer step); there the update takes its own logprobs, "
-        "detached, and the pass is skipped."
-    )
-    tis_cap: float | None = Field(
-        None, gt=0, description="Truncated importance sampling: cap of exp(trainer - rollout logprob); null is off."
-    )
-    value_clip: float = Field(0.5, gt=0, description="Critic value clipping range.")
-
-
-class DataConfig(_Section):
+class DataConfig(Section):
     train_files: list[str] = Field(
         default_factory=list, description="veRL-schema parquet files; empty uses the synthetic `task`."
     )
@@ -352,7 +317,7 @@ class DataConfig(_Section):
     seed: int = Field(0, description="Shuffle and generator seed.")
 
 
-class PipelineConfig(_Section):
+class PipelineConfig(Section):
     mode: Literal["colocated", "async"] = Field("colocated", description="Time-share devices, or separate pools.")
     num_steps: int = Field(20, ge=1, description="Training steps to run.")
     batch_size_prompts: int = Field(16, ge=1, description="Prompts (groups) per training step.")
@@ -409,7 +374,7 @@ class PipelineConfig(_Section):
         return list(dict.fromkeys(loggers))
 
 
-class Config(_Section):
+class Config(Section):
     model: ModelConfig = Field(default_factory=ModelConfig, description="Model to train.")
     data: DataConfig = Field(default_factory=DataConfig, description="Prompt data.")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="vLLM rollout engines.")
@@ -423,6 +388,16 @@ class Config(_Section):
     def _observations_render_like_prompts(self) -> Config:
         if self.rollout.environment.chat_template is None:
             self.rollout.environment.chat_template = self.data.chat_template
+        return self
+
+    @model_validator(mode="after")
+    def _remax_has_its_baseline(self) -> Config:
+        sampling = self.rollout.sampling
+        if self.algorithm.advantage == "remax":
+            sampling.greedy_baseline = True
+        elif sampling.greedy_baseline:
+            raise ValueError("rollout.sampling.greedy_baseline is ReMax's baseline: only algorithm.advantage=remax "
+                             f"uses it, not {self.algorithm.advantage}")
         return self
 
 

@@ -108,6 +108,9 @@ class Group:
 
     request: PromptRequest
     samples: list[Sample]
+    # ReMax: the greedy response to the prompt (`sampling.greedy_baseline`), scored like the samples
+    # and never trained; its score is the baseline of the group's advantages. None otherwise.
+    baseline: Sample | None = None
 
     @property
     def prompt_id(self) -> str:
@@ -135,7 +138,8 @@ class Group:
         # Ray pickles with cloudpickle, whose per-object Python hook is slow on many small
         # dataclasses, and unpickling field dicts is slower than positional tuples: one plain
         # pickle blob of tuples takes ~20% less time both ways (64 groups of 8 x 64 tokens).
-        packed = (_request_values(self.request), [_sample_values(s) for s in self.samples])
+        baseline = None if self.baseline is None else _sample_values(self.baseline)
+        packed = (_request_values(self.request), [_sample_values(s) for s in self.samples], baseline)
         return _group_from_blob, (pickle.dumps(packed, protocol=pickle.HIGHEST_PROTOCOL),)
 
 
@@ -145,5 +149,6 @@ _sample_values = operator.attrgetter(*(f.name for f in fields(Sample)))
 
 
 def _group_from_blob(blob: bytes) -> Group:
-    request, samples = pickle.loads(blob)
-    return Group(PromptRequest(*request), [Sample(*sample) for sample in samples])
+    request, samples, baseline = pickle.loads(blob)
+    return Group(PromptRequest(*request), [Sample(*sample) for sample in samples],
+                 None if baseline is None else Sample(*baseline))

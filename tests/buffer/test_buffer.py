@@ -294,7 +294,10 @@ def groups(draw) -> Group:
                environment_error=draw(st.none() | st.text(max_size=4)))
         for i in range(draw(st.integers(1, 3)))
     ]
-    return Group(request, samples)
+    baseline = draw(st.none() | st.builds(  # ReMax's greedy response
+        lambda tokens, score: Sample(request.prompt_id, len(samples), request.prompt_token_ids, tokens, score=score),
+        int_lists, st.none() | st.floats(allow_nan=False)))
+    return Group(request, samples, baseline)
 
 
 @settings(max_examples=40, deadline=None)

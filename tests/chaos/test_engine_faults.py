@@ -105,7 +105,7 @@ def test_engine_sigkilled_mid_step_in_async_mode_with_partial_rollouts(ray_sessi
     monkeypatch.setattr(Producer, "on_published", on_published_then_engine_killed)
     before = leftover_processes()
     config = _config(tmp_path, tiny_model_dir, "pipeline.mode=async", "rollout.partial_rollout=true",
-                     "buffer.max_staleness=1", "buffer.staleness_threshold=1.0", "algorithm.tis_cap=2.0")
+                     "buffer.max_staleness=1", "buffer.staleness_threshold=1.0", "algorithm.rollout_correction.importance_level=token")
     history = run_pipeline(config)
 
     assert killed, "the engine was never killed"

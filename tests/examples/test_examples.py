@@ -30,6 +30,8 @@ PER_EXAMPLE = {
         f"reward.custom_function={HERE.parent / 'parity_reward.py'}:compute_score",
     ],
     "ppo_critic.yaml": [],
+    "gsm8k_gspo_qwen3_8b.yaml": ["data.task=gsm8k"],
+    "math_cispo_qwen2.5_math_7b.yaml": ["data.task=math"],
 }
 
 

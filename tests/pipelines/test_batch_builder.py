@@ -1,7 +1,12 @@
-"""`add_advantages` on a multi-turn batch, without Ray: observation tokens take no part."""
+"""`add_advantages` without Ray: every estimator by its name, ReMax's baselines, the decoupled rollout
+correction, and a multi-turn batch (observation tokens take no part)."""
 
+import pickle
+
+import pytest
 import torch
 
+from rlactors import algorithms
 from rlactors.config import AlgorithmConfig
 from rlactors.pipelines.batch_builder import add_advantages
 from rlactors.trainer.batch import train_batch_from_groups
@@ -24,3 +29,55 @@ def test_the_rollout_trainer_gap_kl_and_advantages_cover_model_tokens_only():
     assert abs(kl - 0.1) < 1e-6
     advantages = batch.token_field("advantages")
     assert all(a[2:4].abs().sum() == 0 and (a[[0, 1, 4]] != 0).all() for a in advantages)
+
+
+def _groups(num_groups=2, num_samples=3, with_baseline=False):
+    groups = []
+    for g in range(num_groups):
+        request = PromptRequest(f"p{g}", [1, 2], group_id=f"p{g}#0")
+        samples = [Sample(f"p{g}", k, [1, 2], [3, 4, 5][: 1 + k], [-1.0 - 0.1 * k] * (1 + k), [0] * (1 + k),
+                          score=float((g + k) % 2) + 0.25 * k) for k in range(num_samples)]
+        baseline = Sample(f"p{g}", num_samples, [1, 2], [3], [-0.5], [0], score=0.5 * g) if with_baseline else None
+        groups.append(Group(request, samples, baseline))
+    return groups
+
+
+@pytest.mark.parametrize("advantage", ["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo",
+                                       "gpg", "grpo_passk", "remax"])
+def test_every_advantage_estimator_is_reached_by_its_config_name(advantage):
+    """Each name reaches its own function: the advantages equal that function's on the batch."""
+    batch = train_batch_from_groups(_groups(with_baseline=advantage == "remax"))
+    add_advantages(batch, None, None, None, AlgorithmConfig(advantage=advantage, gamma=0.9), kl_coef=None)
+    got, mask = batch.padded_field("advantages")
+    rewards = algorithms.scores_to_token_rewards(torch.tensor(batch.scores), mask)
+    group_ids = torch.tensor(batch.group_ids)
+    expected = {
+        "grpo": lambda: algorithms.grpo_advantages(rewards, mask, group_ids),
+        "rloo": lambda: algorithms.rloo_advantages(rewards, mask, group_ids),
+        "reinforce_plus_plus": lambda: algorithms.reinforce_plus_plus_advantages(rewards, mask, 0.9)[0],
+        "reinforce_plus_plus_baseline": lambda: algorithms.reinforce_plus_plus_baseline_advantages(rewards, mask,
+                                                                                                   group_ids),
+        "opo": lambda: algorithms.opo_advantages(rewards, mask, group_ids),
+        "gpg": lambda: algorithms.gpg_advantages(rewards, mask, group_ids),
+        "grpo_passk": lambda: algorithms.grpo_passk_advantages(rewards, mask, group_ids),
+        "remax": lambda: algorithms.remax_advantages(rewards, torch.tensor([0.0] * 3 + [0.5] * 3), mask)[0],
+    }[advantage]()
+    torch.testing.assert_close(got, expected.float())
+    assert got.abs().sum() > 0
+
+
+def test_remax_takes_each_group_s_greedy_score_and_refuses_a_batch_without_one():
+    batch = train_batch_from_groups(_groups(with_baseline=True))
+    assert batch.baseline_scores == [0.0] * 3 + [0.5] * 3
+    assert pickle.loads(pickle.dumps(batch)).baseline_scores == batch.baseline_scores
+    assert batch.select([5, 0]).baseline_scores == [0.5, 0.0]
+    add_advantages(batch, None, None, None, AlgorithmConfig(advantage="remax"), kl_coef=None)
+    advantages = batch.token_field("advantages")
+    assert [float(a[-1]) for a in advantages] == pytest.approx([s - b for s, b in zip(batch.scores,
+                                                                                      batch.baseline_scores)])
+    with pytest.raises(ValueError, match="needs each group's greedy baseline"):
+        add_advantages(train_batch_from_groups(_groups()), None, None, None, AlgorithmConfig(advantage="remax"), None)
+    mixed = _groups(with_baseline=True)
+    mixed[1].baseline = None
+    with pytest.raises(ValueError, match=r"groups \['p1#0'\] have no greedy baseline"):
+        train_batch_from_groups(mixed)

@@ -63,7 +63,7 @@ def test_async_equals_colocated_when_strictly_on_policy(ray_session, tmp_path, t
 def test_async_with_staleness_and_partial_rollouts_keeps_the_bound(ray_session, tmp_path, tiny_model_dir):
     history = run_pipeline(tiny_config(
         tmp_path, tiny_model_dir, "pipeline.mode=async", "pipeline.num_steps=3", "buffer.max_staleness=1",
-        "buffer.staleness_threshold=1.0", "rollout.partial_rollout=true", "algorithm.tis_cap=2.0"))
+        "buffer.staleness_threshold=1.0", "rollout.partial_rollout=true", "algorithm.rollout_correction.importance_level=token"))
     assert len(history) == 4
     assert max(h["staleness/max"] for h in history[1:]) <= 1
 

@@ -136,6 +136,24 @@ def test_text_is_the_decoded_response_and_stop_strings_cut_it(engine, reference)
     assert group.samples[0].text == sample.text[:cut]
 
 
+def test_a_greedy_baseline_comes_beside_the_samples_and_is_the_greedy_response(engine, reference):
+    """ReMax's baseline (`sampling.greedy_baseline`): one more response per prompt, greedy whatever
+    the sampling temperature, kept out of `samples`."""
+    model, tokenizer = reference
+    sampling = SamplingConfig(num_samples_per_prompt=3, temperature=1.0, max_response_tokens=12, seed=3,
+                              ignore_eos=True, greedy_baseline=True)
+    groups = collect(engine, prompts(tokenizer, ["12+34=", "hello"]), sampling)
+    for group in groups:
+        assert [s.sample_index for s in group.samples] == [0, 1, 2]
+        baseline = group.baseline
+        assert baseline is not None and baseline.sample_index == 3 and baseline.error is None
+        expected = reference_greedy(model, group.request.prompt_token_ids, 12)
+        assert baseline.response_token_ids == expected
+        assert len({tuple(s.response_token_ids) for s in group.samples} | {tuple(expected)}) > 1  # the others sample
+    [plain] = collect(engine, prompts(tokenizer, ["hello"]), sampling.model_copy(update={"greedy_baseline": False}))
+    assert plain.baseline is None
+
+
 def test_weight_update_then_greedy_equals_transformers(engine, reference):
     model, tokenizer = reference
     version = _version(engine) + 1

@@ -23,9 +23,16 @@ from rlactors.trainer.batch import LOSS_MASK, TrainBatchRef, plan_mini_batches, 
 from rlactors.trainer.group import TrainerGroup
 from rlactors.trainer.ranks import TrainerRankError
 
-# Every loss term on: clip-higher, dual clip, truncated IS, KL loss, entropy bonus.
-ALGORITHM = AlgorithmConfig(clip_ratio_high=0.28, tis_cap=1.5, use_kl_loss=True, kl_loss_coef=0.1, entropy_coef=0.01)
+# Every loss term on: clip-higher, dual clip, KL loss, entropy bonus; and importance weights
+# (decoupled rollout correction), set on the batch by `_importance_weights`.
+ALGORITHM = AlgorithmConfig(clip_ratio_high=0.28, use_kl_loss=True, kl_loss_coef=0.1, entropy_coef=0.01)
 TEMPERATURE = 0.7
+
+
+def _importance_weights(batch):
+    generator = torch.Generator().manual_seed(9)
+    batch.set_field("importance_weights", [(2 * torch.rand(len(r), generator=generator)).clamp(max=1.5)
+                                           for r in batch.response_token_ids])
 
 
 def _run_update(model_dir, config, batch, old_logprobs):
@@ -39,6 +46,7 @@ def _run_update(model_dir, config, batch, old_logprobs):
         batch.set_field("ref_logprobs", [lp + 0.1 * torch.randn(len(lp), generator=torch.Generator().manual_seed(1))
                                          for lp in old_logprobs])
         batch.set_field("rollout_logprobs", [lp - 0.05 for lp in old_logprobs])
+        _importance_weights(batch)
         metrics = group.update_policy(batch, TEMPERATURE)
         return metrics, weights(group), old_logprobs
     finally:
@@ -101,6 +109,7 @@ def test_an_update_without_old_logprobs_equals_one_after_the_old_logprob_pass(ra
             batch.set_field("rollout_logprobs", [lp - 0.05 + 0.02 * torch.randn(len(lp), generator=noise)
                                                  for lp in logprobs])
             batch.set_field("ref_logprobs", [lp + 0.1 for lp in logprobs])
+            _importance_weights(batch)
             if recompute:
                 batch.set_field("old_logprobs", logprobs)
             results[recompute] = (group.update_policy(batch, TEMPERATURE), weights(group), batch, logprobs)

@@ -13,6 +13,18 @@ deliberate deviation is stated in the function's docstring.
     gae_advantages                  core_algos.compute_gae_advantage_return
     grpo_advantages                 core_algos.compute_grpo_outcome_advantage
     rloo_advantages                 core_algos.compute_rloo_outcome_advantage
+    reinforce_plus_plus_advantages  core_algos.compute_reinforce_plus_plus_outcome_advantage
+    reinforce_plus_plus_baseline_advantages
+                                    core_algos.compute_reinforce_plus_plus_baseline_outcome_advantage
+    opo_advantages                  core_algos.compute_opo_outcome_advantage
+    gpg_advantages                  core_algos.compute_gpg_outcome_advantage (alpha = batch / #nonzero scores)
+    grpo_passk_advantages           core_algos.compute_grpo_passk_outcome_advantage
+    remax_advantages                core_algos.compute_remax_outcome_advantage
+    rollout_importance_weights      rollout_corr_helper.compute_rollout_correction_weights + compute_is_metrics
+    rollout_rejection_mask          rollout_corr_helper.compute_rollout_rejection_mask + compute_rs_metrics
+    off_policy_metrics              rollout_corr_helper.compute_offpolicy_metrics
+    parse_is_threshold              rollout_corr_helper._parse_rollout_is_threshold (IcePop "lower_upper")
+    parse_rejection                 rollout_corr_helper._parse_rollout_rs_thresholds (+ rollout_rs parsing)
     scores_to_token_rewards         the reward manager's placement of a score on the last valid token
     aggregate_loss                  core_algos.agg_loss (global token / sequence counts, no dp_size)
     ppo_policy_loss                 core_algos.compute_policy_loss_vanilla (returns per-token loss)
@@ -64,10 +76,29 @@ from rlactors.algorithms.losses import (
     value_loss,
 )
 from rlactors.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from rlactors.algorithms.outcome_advantages import (
+    gpg_advantages,
+    grpo_passk_advantages,
+    opo_advantages,
+    reinforce_plus_plus_advantages,
+    reinforce_plus_plus_baseline_advantages,
+    remax_advantages,
+)
+from rlactors.algorithms.rollout_correction import (
+    IS_LEVELS,
+    REJECTION_OPTIONS,
+    off_policy_metrics,
+    parse_is_threshold,
+    parse_rejection,
+    rollout_importance_weights,
+    rollout_rejection_mask,
+)
 
 __all__ = [
+    "IS_LEVELS",
     "KL_KINDS",
     "LOSS_AGG_MODES",
+    "REJECTION_OPTIONS",
     "AdaptiveKLController",
     "FixedKLController",
     "adaptive_kl_coef",
@@ -76,7 +107,9 @@ __all__ = [
     "chunked_entropy_from_logits",
     "entropy_from_logits",
     "gae_advantages",
+    "gpg_advantages",
     "grpo_advantages",
+    "grpo_passk_advantages",
     "kl_penalty",
     "logprobs_from_logits",
     "masked_mean",
@@ -84,8 +117,17 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "num_nonempty_sequences",
+    "off_policy_metrics",
+    "opo_advantages",
+    "parse_is_threshold",
+    "parse_rejection",
     "ppo_policy_loss",
+    "reinforce_plus_plus_advantages",
+    "reinforce_plus_plus_baseline_advantages",
+    "remax_advantages",
     "rloo_advantages",
+    "rollout_importance_weights",
+    "rollout_rejection_mask",
     "scores_to_token_rewards",
     "sft_loss",
     "truncated_importance_weights",

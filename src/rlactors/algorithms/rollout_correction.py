@@ -219,6 +219,9 @@ def parse_rejection(options: str, thresholds: str | float | None) -> tuple[list[
     names = list(dict.fromkeys(part.strip() for part in options.split(",") if part.strip()))
     if not names:
         raise ValueError("rollout_rs must name at least one option")
+    unknown = [name for name in names if name not in REJECTION_OPTIONS]
+    if unknown:
+        raise ValueError(f"unknown rejection options {unknown}; expected some of {REJECTION_OPTIONS}")
     if thresholds is None:
         raise ValueError("rollout_rs_threshold must be given for rejection sampling")
     if isinstance(thresholds, bool) or not isinstance(thresholds, int | float | str):

@@ -31,7 +31,7 @@ _SAMPLE = pa.struct([
 ])
 REQUESTS_SCHEMA = pa.schema([("epoch", pa.int64()), *_REQUEST_FIELDS])
 GROUPS_SCHEMA = pa.schema([("batch_id", pa.int64()), ("epoch", pa.int64()), *_REQUEST_FIELDS,
-                           ("samples", pa.list_(_SAMPLE))])
+                           ("samples", pa.list_(_SAMPLE)), ("baseline", _SAMPLE)])
 LEDGER_SCHEMA = pa.schema([
     ("epoch", pa.int64()), ("prompt_id", pa.string()), ("status", pa.string()), ("group_id", pa.string()),
     ("num_attempts", pa.int64()), ("num_evictions", pa.int64()), ("reason", pa.string()),
@@ -56,11 +56,11 @@ def _request_row(request: PromptRequest, where: str) -> dict:
 
 def _group_row(group: Group, epoch: int, batch_id: int) -> dict:
     where = f"prompt_id {group.prompt_id!r} group_id {group.group_id!r}"
-    samples = [
-        dict(s.__dict__, score_details=json_text(s.score_details, f"{where} sample {s.sample_index} score_details"))
-        for s in group.samples
-    ]
-    return dict(batch_id=batch_id, epoch=epoch, **_request_row(group.request, where), samples=samples)
+    def row(s: Sample) -> dict:
+        return dict(s.__dict__, score_details=json_text(s.score_details, f"{where} sample {s.sample_index} score_details"))
+
+    return dict(batch_id=batch_id, epoch=epoch, **_request_row(group.request, where),
+                samples=[row(s) for s in group.samples], baseline=None if group.baseline is None else row(group.baseline))
 
 
 def _request_from(row: dict) -> PromptRequest:
@@ -70,8 +70,11 @@ def _request_from(row: dict) -> PromptRequest:
 
 def _group_from(row: dict) -> Group:
     # A column a checkpoint of an older version lacks is absent from its rows: the Sample default.
-    samples = [Sample(**s | {"score_details": json.loads(s["score_details"])}) for s in row["samples"]]
-    return Group(_request_from(row), samples)
+    def sample(s: dict) -> Sample:
+        return Sample(**s | {"score_details": json.loads(s["score_details"])})
+
+    baseline = row.get("baseline")
+    return Group(_request_from(row), [sample(s) for s in row["samples"]], None if baseline is None else sample(baseline))
 
 
 def to_table(rows: list[dict], schema: pa.Schema, what: str) -> pa.Table:

@@ -27,9 +27,11 @@ import ray
 import torch
 
 from rlactors import algorithms, evaluation
-from rlactors.config import AlgorithmConfig
+from rlactors.config import AlgorithmConfig, RolloutCorrectionConfig
 from rlactors.durable import write_durably
 from rlactors.trainer.batch import (
+    IMPORTANCE_WEIGHTS,
+    LOSS_MASK,
     TrainBatch,
     TrainBatchRef,
     rows_in_batch_order,
@@ -42,20 +44,21 @@ def add_advantages(batch: TrainBatch, old_rows: list[tuple] | None, ref_rows: li
                    value_rows: list[tuple] | None, algorithm: AlgorithmConfig, kl_coef: float | None
                    ) -> tuple[dict[str, float], float | None]:
     """Set old/reference logprobs, values, returns and advantages on `batch` from the merged rows of
-    the trainers' forward passes (batch order). Returns the metrics and, with `kl_coef` (the KL
+    the trainers' forward passes (batch order), then the decoupled rollout correction (importance
+    weights, rejected tokens out of the loss mask). Returns the metrics and, with `kl_coef` (the KL
     penalty in the reward), the batch's KL for the controller. Without `old_rows` the update takes
     its own logprobs as old ones (`pipelines.common.old_logprobs_from_update`), and measures the
-    rollout/trainer gap itself."""
+    rollout/trainer gap itself; in bypass mode the rollout logprobs are the old ones."""
     metrics: dict[str, float] = {}
     # Model tokens only: observation tokens (tool or environment output) were not sampled by the
     # policy, so they carry no reward, KL, advantage or rollout/trainer gap (their logprob is 0.0).
     mask = batch.train_mask()
-    old = None
+    rollout, _ = batch.padded_field("rollout_logprobs")
+    old = rollout if algorithm.rollout_correction.bypass_mode else None
     if old_rows is not None:
         batch.set_field("old_logprobs", [row[1] for row in old_rows])
         # How far the engine's sampling distribution is from the trainer's (precision, kernels, stale
         # weights): the KL estimate E[log p_rollout - log p_trainer] over the sampled tokens.
-        rollout, _ = batch.padded_field("rollout_logprobs")
         old, _ = batch.padded_field("old_logprobs")
         metrics["rollout/trainer_kl"] = float(algorithms.masked_mean(rollout - old, mask))
         metrics["rollout/logprob_abs_diff_max"] = float(((rollout - old).abs() * mask).max()) if mask.any() else 0.0
@@ -70,18 +73,69 @@ def add_advantages(batch: TrainBatch, old_rows: list[tuple] | None, ref_rows: li
             token_rewards, kl = algorithms.apply_kl_in_reward(token_rewards, old, ref, mask, kl_coef,
                                                               algorithm.kl_penalty)
             current_kl = float(kl)
-    group_ids = torch.tensor(batch.group_ids)
     if algorithm.advantage == "gae":
         batch.set_field("values", [row[1] for row in value_rows])
-        values, _ = batch.padded_field("values")
-        advantages, returns = algorithms.gae_advantages(token_rewards, values, mask, algorithm.gamma, algorithm.lam)
+    advantages, returns = compute_advantages(batch, token_rewards, mask, algorithm)
+    if returns is not None:
         batch.set_padded_field("returns", returns)
-    elif algorithm.advantage == "rloo":
-        advantages = algorithms.rloo_advantages(token_rewards, mask, group_ids)
-    else:
-        advantages = algorithms.grpo_advantages(token_rewards, mask, group_ids, norm_by_std=algorithm.norm_by_std)
     batch.set_padded_field("advantages", advantages)
+    correction = algorithm.rollout_correction
+    if correction.enabled and not correction.bypass_mode:
+        if old is None:
+            raise ValueError("decoupled rollout correction (algorithm.rollout_correction) needs the old logprobs "
+                             "of the batch: run the old-logprob pass")
+        metrics |= correct_for_rollout(batch, old, rollout, mask, correction)
     return metrics, current_kl
+
+
+def compute_advantages(batch: TrainBatch, token_rewards: torch.Tensor, mask: torch.Tensor,
+                       algorithm: AlgorithmConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`(advantages, returns)` of `algorithm.advantage` (returns only where the critic trains on them)."""
+    name, group_ids = algorithm.advantage, torch.tensor(batch.group_ids)
+    if name == "gae":
+        values, _ = batch.padded_field("values")
+        return algorithms.gae_advantages(token_rewards, values, mask, algorithm.gamma, algorithm.lam)
+    if name == "remax":
+        if not batch.baseline_scores:
+            raise ValueError("algorithm.advantage=remax needs each group's greedy baseline "
+                             "(rollout.sampling.greedy_baseline): the batch has none")
+        baselines = torch.tensor(batch.baseline_scores, dtype=token_rewards.dtype)
+        return algorithms.remax_advantages(token_rewards, baselines, mask)[0], None
+    if name == "reinforce_plus_plus":
+        return algorithms.reinforce_plus_plus_advantages(token_rewards, mask, algorithm.gamma)[0], None
+    if name == "rloo":
+        return algorithms.rloo_advantages(token_rewards, mask, group_ids), None
+    if name == "grpo_passk":
+        return algorithms.grpo_passk_advantages(token_rewards, mask, group_ids, norm_by_std=algorithm.norm_by_std), None
+    if name == "reinforce_plus_plus_baseline":
+        return algorithms.reinforce_plus_plus_baseline_advantages(token_rewards, mask, group_ids), None
+    if name == "opo":
+        return algorithms.opo_advantages(token_rewards, mask, group_ids), None
+    if name == "gpg":
+        return algorithms.gpg_advantages(token_rewards, mask, group_ids), None
+    return algorithms.grpo_advantages(token_rewards, mask, group_ids, norm_by_std=algorithm.norm_by_std), None
+
+
+def correct_for_rollout(batch: TrainBatch, old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor,
+                        correction: RolloutCorrectionConfig) -> dict[str, float]:
+    """Decoupled mode, over the whole batch: the `importance_weights` field (the update multiplies
+    its policy loss by them) and the rejected tokens taken out of the loss mask (so no loss term and
+    no token count sees them). Advantages were computed before: a rejected sample still counted in
+    its group's baseline. Returns veRL's `rollout_corr/` metrics."""
+    metrics = algorithms.off_policy_metrics(old, rollout, mask)
+    if correction.importance_level is not None:
+        weights, weight_metrics = algorithms.rollout_importance_weights(
+            old, rollout, mask, correction.importance_level, correction.importance_threshold,
+            correction.importance_threshold_lower, correction.batch_normalize)
+        batch.set_padded_field(IMPORTANCE_WEIGHTS, weights)
+        metrics |= weight_metrics
+    if correction.rejection is not None:
+        options, thresholds = algorithms.parse_rejection(correction.rejection, correction.rejection_threshold)
+        kept, rejection_metrics = algorithms.rollout_rejection_mask(old, rollout, mask, options, thresholds)
+        loss_masks = batch.loss_masks
+        batch.set_field(LOSS_MASK, [m * kept[i, : m.shape[0]] for i, m in enumerate(loss_masks)])
+        metrics |= rejection_metrics
+    return {f"rollout_corr/{key}": float(value) for key, value in metrics.items()}
 
 
 def in_group_order(groups: list[Group]) -> TrainBatch:

@@ -102,7 +102,7 @@ def prepare_batch(run: Run, sampled: SampledBatchRef) -> tuple[TrainBatchRef, di
     driver passes refs along and receives lengths and metrics (see `rlactors.pipelines.batch_builder`)."""
     algorithm, temperature = run.config.algorithm, run.config.rollout.sampling.temperature
     timings: dict[str, float] = {}
-    old_pass, ref_pass = not old_logprobs_from_update(run.config), run.reference is not None
+    old_pass, ref_pass = old_logprob_pass(run.config), run.reference is not None
     values_pass = algorithm.advantage == "gae"
     if not (old_pass or ref_pass or values_pass):
         with timed(timings, "adv"):  # no trainer pass first: assembly (its time counted here) and advantages in one call
@@ -150,6 +150,8 @@ def update(run: Run, batch: TrainBatchRef) -> dict[str, float]:
     for name in ("trainer_kl", "logprob_abs_diff_max"):
         if f"actor/rollout_{name}" in actor:
             actor[f"rollout/{name}"] = actor.pop(f"actor/rollout_{name}")
+    for key in [k for k in actor if k.startswith("actor/rollout_corr/")]:  # bypass mode's, measured by the update
+        actor[key.removeprefix("actor/")] = actor.pop(key)
     return metrics | actor | timings
 
 
@@ -159,8 +161,16 @@ def old_logprobs_from_update(config: Config) -> bool:
     with the actor's current weights; with one mini-batch and one epoch they stay so until the
     update's only optimizer step; and no KL penalty in the reward needs them before the update."""
     trainer, algorithm = config.trainer, config.algorithm
+    correction = algorithm.rollout_correction
     return (algorithm.old_logprobs == "auto" and config.pipeline.mode == "colocated"
-            and trainer.num_mini_batches == 1 and trainer.num_epochs == 1 and not algorithm.use_kl_in_reward)
+            and trainer.num_mini_batches == 1 and trainer.num_epochs == 1 and not algorithm.use_kl_in_reward
+            and not (correction.enabled and not correction.bypass_mode))
+
+
+def old_logprob_pass(config: Config) -> bool:
+    """Whether the actor computes the batch's old logprobs before the update: not when the update
+    takes its own (`old_logprobs_from_update`), nor in bypass mode, where the rollout's are the old ones."""
+    return not (old_logprobs_from_update(config) or config.algorithm.rollout_correction.bypass_mode)
 
 
 @contextlib.contextmanager

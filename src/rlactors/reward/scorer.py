@@ -75,6 +75,11 @@ COUNTERS = (
 # The actor
 
 
+
+def _scored_samples(group: Group) -> list[Sample]:
+    """The samples to score: the group's, then its greedy baseline (ReMax) if it has one."""
+    return group.samples + ([group.baseline] if group.baseline is not None else [])
+
 @ray.remote(max_restarts=2, max_task_retries=2)  # scoring is a pure function of its input: retries are safe
 class RewardScorer:
     """Scores groups in its worker subprocess. Checkpoint (`state_dict`): the cumulative counters
@@ -143,19 +148,18 @@ class RewardScorer:
         start = time.perf_counter()
         tasks, where = [], []
         for group_index, group in enumerate(groups):
-            for sample_index, sample in enumerate(group.samples):
+            for sample_index, sample in enumerate(_scored_samples(group)):
                 # An episode's environment scored it already (or failed, see `_finish`).
                 if sample.error is None and sample.environment_error is None and sample.episode_reward is None:
                     request = group.request
                     tasks.append((request.data_source, sample.text, request.ground_truth, request.extra_info))
                     where.append((group_index, sample_index))
         results = dict(zip(where, self._run(tasks), strict=True))
-        scored = [
-            replace(
-                group, samples=[self._finish(s, results.get((g, i))) for i, s in enumerate(group.samples)]
-            )
-            for g, group in enumerate(groups)
-        ]
+        scored = []
+        for g, group in enumerate(groups):
+            finished = [self._finish(s, results.get((g, i))) for i, s in enumerate(_scored_samples(group))]
+            baseline = finished.pop() if group.baseline is not None else None
+            scored.append(replace(group, samples=finished, baseline=baseline))
         self.counts["num_groups"] += len(groups)
         self.scoring_s += time.perf_counter() - start
         return scored

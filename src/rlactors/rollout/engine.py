@@ -235,12 +235,16 @@ class RolloutEngine:
             sampling_params(setting, setting.max_response_tokens, None)  # vLLM's own checks
         except Exception as error:  # noqa: BLE001 - reported on the group, the batch goes on
             return error_group(request, num_samples, f"prompt_id={request.prompt_id!r}: {error}")
+        runs = [self._run_sample(request, i, setting, call_id) for i in range(num_samples)]
+        if setting.greedy_baseline:  # ReMax: sample index num_samples, the same turn loop, greedy
+            greedy = setting.model_copy(update=dict(temperature=0.0, top_p=1.0, top_k=-1, greedy_baseline=False))
+            runs.append(self._run_sample(request, num_samples, greedy, call_id))
         try:
-            samples = await asyncio.gather(*(self._run_sample(request, i, setting, call_id)
-                                             for i in range(num_samples)))
+            samples = list(await asyncio.gather(*runs))
         finally:
             self._user_aborted.discard(request.group_id)
-        return Group(request, list(samples))
+        baseline = samples.pop() if setting.greedy_baseline else None
+        return Group(request, samples, baseline)
 
     async def _run_sample(self, request: PromptRequest, sample_index: int, setting: SamplingConfig,
                           call_id: str) -> Sample:

@@ -38,6 +38,8 @@ from rlactors.types import Group
 ROLLOUT_LOGPROBS = "rollout_logprobs"
 # 1.0 on model tokens, 0.0 on observation tokens; a batch without it trains on every response token.
 LOSS_MASK = "loss_mask"
+# Decoupled rollout correction's per-token weights of the policy loss (`algorithm.rollout_correction`).
+IMPORTANCE_WEIGHTS = "importance_weights"
 
 
 @dataclass
@@ -57,6 +59,8 @@ class TrainBatch:
     sample_indices: list[int] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)
     token_fields: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+    # ReMax: per sequence, the score of its group's greedy response (`Group.baseline`); else empty.
+    baseline_scores: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.prompt_token_ids)
@@ -67,8 +71,9 @@ class TrainBatch:
         for name in ("response_token_ids", "group_ids", "prompt_ids", "sample_indices"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"TrainBatch.{name} has {len(getattr(self, name))} entries, expected {n}")
-        if self.scores and len(self.scores) != n:
-            raise ValueError(f"TrainBatch.scores has {len(self.scores)} entries, expected {n}")
+        for name in ("scores", "baseline_scores"):
+            if getattr(self, name) and len(getattr(self, name)) != n:
+                raise ValueError(f"TrainBatch.{name} has {len(getattr(self, name))} entries, expected {n}")
         for i, prompt in enumerate(self.prompt_token_ids):
             if not prompt:
                 raise ValueError(f"{self.describe(i)}: empty prompt (the first response token needs a context)")
@@ -149,7 +154,8 @@ class TrainBatch:
         # the whole padded tensor with it: n rows of a [n, T] field would weigh n * n * T floats.
         flat = {name: torch.cat(values) if values else torch.zeros(0) for name, values in self.token_fields.items()}
         return _batch_from_flat_fields, (self.prompt_token_ids, self.response_token_ids, self.group_ids,
-                                         self.prompt_ids, self.sample_indices, self.scores, flat)
+                                         self.prompt_ids, self.sample_indices, self.scores, flat,
+                                         self.baseline_scores)
 
     def select(self, indices: list[int]) -> TrainBatch:
         """The sub-batch of the given sequences, in the given order (tensors are shared, not copied)."""
@@ -161,14 +167,15 @@ class TrainBatch:
             sample_indices=[self.sample_indices[i] for i in indices],
             scores=[self.scores[i] for i in indices] if self.scores else [],
             token_fields={name: [values[i] for i in indices] for name, values in self.token_fields.items()},
+            baseline_scores=[self.baseline_scores[i] for i in indices] if self.baseline_scores else [],
         )
 
 
 def _batch_from_flat_fields(prompt_token_ids, response_token_ids, group_ids, prompt_ids, sample_indices, scores,
-                            flat_fields: dict[str, torch.Tensor]) -> TrainBatch:
+                            flat_fields: dict[str, torch.Tensor], baseline_scores: list[float]) -> TrainBatch:
     lengths = [len(r) for r in response_token_ids]
     return TrainBatch(prompt_token_ids, response_token_ids, group_ids, prompt_ids, sample_indices, scores,
-                      {name: list(flat.split(lengths)) for name, flat in flat_fields.items()})
+                      {name: list(flat.split(lengths)) for name, flat in flat_fields.items()}, baseline_scores)
 
 
 @dataclass
@@ -208,9 +215,17 @@ def train_batch_from_groups(groups: list[Group]) -> TrainBatch:
     mask do not match its response is an error naming it: nothing is dropped silently.
     """
     batch = dict(prompt_token_ids=[], response_token_ids=[], group_ids=[], prompt_ids=[], sample_indices=[],
-                 scores=[])
+                 scores=[], baseline_scores=[])
     logprobs, loss_masks = [], []
+    with_baselines = {group.baseline is not None for group in groups}
+    if len(with_baselines) > 1:
+        missing = [g.group_id for g in groups if g.baseline is None]
+        raise ValueError(f"groups {missing[:5]} have no greedy baseline (ReMax), the others of the batch do")
     for group_id, group in enumerate(groups):
+        if group.baseline is not None:
+            if group.baseline.score is None:
+                raise ValueError(f"group {group.group_id!r}: its greedy baseline has no score (score the group first)")
+            batch["baseline_scores"] += [float(group.baseline.score)] * len(group.samples)
         for sample in group.samples:
             name = f"group {group.group_id!r} prompt_id {sample.prompt_id!r} sample_index {sample.sample_index}"
             # A scoring failure already gave the sample score 0 (recorded in score_error and the

@@ -43,15 +43,14 @@ from rlactors.algorithms import (
     kl_penalty,
     logprobs_from_logits,
     masked_sum,
-    ppo_policy_loss,
     sft_loss,
-    truncated_importance_weights,
     value_loss,
 )
 from rlactors.config import AlgorithmConfig, TrainerConfig
 from rlactors.phases import PhaseLog, memory_figures
 from rlactors.trainer import checkpoint, fsdp, offload
 from rlactors.trainer.batch import (
+    IMPORTANCE_WEIGHTS,
     ROLLOUT_LOGPROBS,
     MicroBatch,
     MiniBatchPlan,
@@ -60,10 +59,10 @@ from rlactors.trainer.batch import (
     unpad_rows,
 )
 from rlactors.trainer.offload import resident
+from rlactors.trainer.policy_objective import BYPASS_METRICS, POLICY_METRICS, policy_loss
 
 # Metrics that are token means: ranks return token-weighted sums, divided by the mini-batch's tokens.
-TOKEN_MEAN_METRICS = frozenset({"ppo_kl", "pg_clipfrac", "pg_clipfrac_lower", "entropy", "vf_clipfrac",
-                                "rollout_trainer_kl"})
+TOKEN_MEAN_METRICS = frozenset({*POLICY_METRICS, *BYPASS_METRICS, "entropy", "vf_clipfrac", "rollout_trainer_kl"})
 MAX_METRICS = frozenset({"rollout_logprob_abs_diff_max"})  # maxima over micro-batches and ranks
 
 
@@ -173,27 +172,25 @@ class TrainerWorker:
         have (`rollout_trainer_kl`, `rollout_logprob_abs_diff_max`)."""
         self._start("update_policy", ("actor",))
         algo = self.algorithm
-        from_update = "old_logprobs" not in batch.token_fields
+        bypass = algo.rollout_correction.bypass_mode  # the rollout logprobs are the old ones
+        from_update = "old_logprobs" not in batch.token_fields and not bypass
         if from_update and (len(plans) != 1 or self.trainer.num_epochs != 1):
             raise ValueError(f"a batch without old_logprobs needs one mini-batch and one epoch (it has {len(plans)} "
                              f"mini-batches, trainer.num_epochs={self.trainer.num_epochs}): compute them first")
-        fields = ["old_logprobs"] * (not from_update) + ["advantages"] + \
-            [ROLLOUT_LOGPROBS] * (bool(algo.tis_cap) or from_update) + ["ref_logprobs"] * algo.use_kl_loss
+        weighted = IMPORTANCE_WEIGHTS in batch.token_fields  # decoupled rollout correction
+        fields = ["old_logprobs"] * (not from_update and not bypass) + ["advantages"] + \
+            [ROLLOUT_LOGPROBS] * (from_update or bypass) + [IMPORTANCE_WEIGHTS] * weighted + \
+            ["ref_logprobs"] * algo.use_kl_loss
 
         def loss_fn(micro: MicroBatch, plan: MiniBatchPlan) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             f, mask = micro.fields, micro.mask
             counts = self._counts(plan)
             logits = fsdp.response_logits(self.model, micro, temperature)
             logp = logprobs_from_logits(logits, micro.labels)
-            old = logp.detach() if from_update else f["old_logprobs"]
-            weights = truncated_importance_weights(old, f[ROLLOUT_LOGPROBS], algo.tis_cap) if algo.tis_cap else None
-            per_token, stats = ppo_policy_loss(logp, old, f["advantages"], mask, algo.clip_ratio_low,
-                                               algo.clip_ratio_high, algo.clip_ratio_c, importance_weights=weights)
-            pg_loss = aggregate_loss(per_token, mask, algo.loss_agg_mode, **counts)
+            old = logp.detach() if from_update else f.get("old_logprobs")
+            pg_loss, sums = policy_loss(algo, logp, old, f.get(ROLLOUT_LOGPROBS), f["advantages"], mask,
+                                        f.get(IMPORTANCE_WEIGHTS), counts)
             loss = pg_loss
-            num_tokens = mask.sum()
-            sums = {"pg_loss": pg_loss, **{k: stats[k] * num_tokens for k in ("ppo_kl", "pg_clipfrac",
-                                                                              "pg_clipfrac_lower")}}
             if from_update:
                 gap = (f[ROLLOUT_LOGPROBS] - old) * mask
                 sums |= {"rollout_trainer_kl": gap.sum(), "rollout_logprob_abs_diff_max": gap.abs().max()}
