@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from rlactors.algorithms import (
+    KL_KINDS,
     AdaptiveKLController,
     FixedKLController,
     adaptive_kl_coef,
@@ -30,6 +31,29 @@ def test_aliases_and_unknown_kind():
         assert torch.equal(kl_penalty(LOGP, REF, alias), kl_penalty(LOGP, REF, name))
     with pytest.raises(ValueError, match="unknown KL estimator"):
         kl_penalty(LOGP, REF, "full")
+
+
+def _verl_straight_through(logprob, ref_logprob, kind):
+    # veRL's `kl_penalty` for a kind ending in "+" (its forward estimator is given the name without the
+    # "+": veRL as written passes it whole and raises NotImplementedError).
+    forward_score = kl_penalty(logprob, ref_logprob, kind[:-1])
+    backward_score = 0.5 * (logprob - ref_logprob).square()
+    return backward_score - backward_score.detach() + forward_score.detach()
+
+
+@pytest.mark.parametrize(("kind", "base"), [("k1+", "k1"), ("kl+", "k1"), ("k3+", "k3"), ("low_var_kl+", "k3")])
+def test_straight_through_kinds_have_the_value_of_k1_or_k3_and_the_gradient_of_k2(kind, base):
+    logp = torch.tensor([[-1.0, -3.0, 0.0, -50.0]], dtype=torch.float64, requires_grad=True)
+    ref = REF.to(torch.float64)
+    value = kl_penalty(logp, ref, kind)
+    assert kind in KL_KINDS
+    assert torch.equal(value, kl_penalty(logp, ref, base))
+    (grad,) = torch.autograd.grad(value.sum(), logp)
+    # k2 = 0.5 (logp - ref)^2 -> gradient logp - ref: [1, 97, 0, -50]
+    assert torch.equal(grad, torch.tensor([[1.0, 97.0, 0.0, -50.0]], dtype=torch.float64))
+    expected = _verl_straight_through(logp, ref, kind)
+    (expected_grad,) = torch.autograd.grad(expected.sum(), logp)
+    assert torch.equal(value, expected) and torch.equal(grad, expected_grad)
 
 
 def test_low_var_kl_gradient_and_dtype():
