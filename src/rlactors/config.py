@@ -17,7 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from rlactors.algorithm_config import AlgorithmConfig, RolloutCorrectionConfig
+from rlactors.algorithm_config import AlgorithmConfig, RolloutCorrectionConfig  # noqa: F401 (re-exported)
 from rlactors.config_section import Section
 
 # What `pipeline.loggers` is when not set; tensorboard in it may be missing (see that field).

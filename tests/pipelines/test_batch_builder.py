@@ -1,6 +1,7 @@
 """`add_advantages` without Ray: every estimator by its name, ReMax's baselines, the decoupled rollout
 correction, and a multi-turn batch (observation tokens take no part)."""
 
+import math
 import pickle
 
 import pytest
@@ -73,11 +74,33 @@ def test_remax_takes_each_group_s_greedy_score_and_refuses_a_batch_without_one()
     assert batch.select([5, 0]).baseline_scores == [0.5, 0.0]
     add_advantages(batch, None, None, None, AlgorithmConfig(advantage="remax"), kl_coef=None)
     advantages = batch.token_field("advantages")
-    assert [float(a[-1]) for a in advantages] == pytest.approx([s - b for s, b in zip(batch.scores,
-                                                                                      batch.baseline_scores)])
+    differences = [s - b for s, b in zip(batch.scores, batch.baseline_scores, strict=True)]
+    assert [float(a[-1]) for a in advantages] == pytest.approx(differences)
     with pytest.raises(ValueError, match="needs each group's greedy baseline"):
         add_advantages(train_batch_from_groups(_groups()), None, None, None, AlgorithmConfig(advantage="remax"), None)
     mixed = _groups(with_baseline=True)
     mixed[1].baseline = None
     with pytest.raises(ValueError, match=r"groups \['p1#0'\] have no greedy baseline"):
         train_batch_from_groups(mixed)
+
+
+def test_decoupled_correction_weights_the_batch_and_takes_rejected_tokens_out_of_the_loss_mask():
+    batch = train_batch_from_groups(_groups(num_groups=2, num_samples=3))
+    rollout, mask = batch.padded_field("rollout_logprobs")
+    # Old logprobs 1.0 above the rollout's on every token of sample 2 of each group: weight e > 2.
+    shift = torch.tensor([[0.0], [0.1], [1.0]] * 2)
+    rows = [(i, (rollout[i] + shift[i])[: n]) for i, n in enumerate(batch.response_lengths)]
+    correction = dict(importance_level="token", importance_threshold=2.0, rejection="token_k1",
+                      rejection_threshold="0.5_2.0")
+    algorithm = AlgorithmConfig(rollout_correction=correction)
+    metrics, _ = add_advantages(batch, rows, None, None, algorithm, kl_coef=None)
+    weights = batch.token_field("importance_weights")
+    assert torch.cat(weights[:3]).tolist() == pytest.approx([1.0] + [math.exp(0.1)] * 2 + [2.0] * 3)
+    # k1 = rollout - old = -1.0 < log(0.5): the whole of sample 2 leaves the loss, the others stay.
+    assert [m.tolist() for m in batch.loss_masks[:3]] == [[1.0], [1.0, 1.0], [0.0, 0.0, 0.0]]
+    assert batch.num_model_tokens == [1, 2, 0] * 2
+    assert metrics["rollout_corr/rollout_is_max"] == pytest.approx(2.0)
+    assert metrics["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(6 / 12)
+    assert all(key.startswith(("rollout/", "rollout_corr/")) for key in metrics)
+    with pytest.raises(ValueError, match="needs the old logprobs"):
+        add_advantages(train_batch_from_groups(_groups()), None, None, None, algorithm, kl_coef=None)

@@ -29,9 +29,21 @@ deliberate deviation is stated in the function's docstring.
     aggregate_loss                  core_algos.agg_loss (global token / sequence counts, no dp_size)
     ppo_policy_loss                 core_algos.compute_policy_loss_vanilla (returns per-token loss)
     truncated_importance_weights    actor's `tis_imp_ratio_cap` weights (rollout vs trainer logprobs)
+    gspo_policy_loss                core_algos.compute_policy_loss_gspo (aggregate with seq-mean-token-mean)
+    sapo_policy_loss                core_algos.compute_policy_loss_sapo (aggregate with seq-mean-token-mean)
+    cispo_policy_loss               core_algos.compute_policy_loss_cispo
+    geo_mean_policy_loss            core_algos.compute_policy_loss_geo_mean (GMPO; per-sequence loss on every token)
+    gpg_policy_loss                 core_algos.compute_policy_loss_gpg
+    clip_cov_policy_loss            core_algos.compute_policy_loss_clip_cov
+    kl_cov_policy_loss              core_algos.compute_policy_loss_kl_cov
+    dppo_tv_policy_loss             core_algos.compute_policy_loss_dppo_tv
+    dppo_kl_policy_loss             core_algos.compute_policy_loss_dppo_kl
+    reinforce_policy_loss           core_algos.compute_policy_loss_reinforce (bypass_mode, loss_type=reinforce)
+    POLICY_LOSSES                   core_algos.get_policy_loss_fn (loss_mode name -> function)
+    FIXED_LOSS_AGG_MODES            losses whose aggregation ignores loss_agg_mode in veRL
     value_loss                      core_algos.compute_value_loss (returns per-token loss)
     sft_loss                        sft trainer's masked NLL, token-mean
-    kl_penalty                      core_algos.kl_penalty
+    kl_penalty                      core_algos.kl_penalty (incl. straight-through "k1+", "k3+")
     apply_kl_in_reward              ray_trainer.apply_kl_penalty
     AdaptiveKLController /          core_algos.AdaptiveKLController / FixedKLController
       FixedKLController, adaptive_kl_coef
@@ -84,6 +96,20 @@ from rlactors.algorithms.outcome_advantages import (
     reinforce_plus_plus_baseline_advantages,
     remax_advantages,
 )
+from rlactors.algorithms.policy_losses import (
+    FIXED_LOSS_AGG_MODES,
+    POLICY_LOSSES,
+    cispo_policy_loss,
+    clip_cov_policy_loss,
+    dppo_kl_policy_loss,
+    dppo_tv_policy_loss,
+    geo_mean_policy_loss,
+    gpg_policy_loss,
+    gspo_policy_loss,
+    kl_cov_policy_loss,
+    reinforce_policy_loss,
+    sapo_policy_loss,
+)
 from rlactors.algorithms.rollout_correction import (
     IS_LEVELS,
     REJECTION_OPTIONS,
@@ -95,9 +121,11 @@ from rlactors.algorithms.rollout_correction import (
 )
 
 __all__ = [
+    "FIXED_LOSS_AGG_MODES",
     "IS_LEVELS",
     "KL_KINDS",
     "LOSS_AGG_MODES",
+    "POLICY_LOSSES",
     "REJECTION_OPTIONS",
     "AdaptiveKLController",
     "FixedKLController",
@@ -105,11 +133,19 @@ __all__ = [
     "aggregate_loss",
     "apply_kl_in_reward",
     "chunked_entropy_from_logits",
+    "cispo_policy_loss",
+    "clip_cov_policy_loss",
+    "dppo_kl_policy_loss",
+    "dppo_tv_policy_loss",
     "entropy_from_logits",
     "gae_advantages",
+    "geo_mean_policy_loss",
     "gpg_advantages",
+    "gpg_policy_loss",
     "grpo_advantages",
     "grpo_passk_advantages",
+    "gspo_policy_loss",
+    "kl_cov_policy_loss",
     "kl_penalty",
     "logprobs_from_logits",
     "masked_mean",
@@ -124,10 +160,12 @@ __all__ = [
     "ppo_policy_loss",
     "reinforce_plus_plus_advantages",
     "reinforce_plus_plus_baseline_advantages",
+    "reinforce_policy_loss",
     "remax_advantages",
     "rloo_advantages",
     "rollout_importance_weights",
     "rollout_rejection_mask",
+    "sapo_policy_loss",
     "scores_to_token_rewards",
     "sft_loss",
     "truncated_importance_weights",

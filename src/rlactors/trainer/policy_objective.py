@@ -13,8 +13,8 @@ import torch
 from rlactors.algorithms import (
     FIXED_LOSS_AGG_MODES,
     aggregate_loss,
-    clip_cov_policy_loss,
     cispo_policy_loss,
+    clip_cov_policy_loss,
     dppo_kl_policy_loss,
     dppo_tv_policy_loss,
     geo_mean_policy_loss,
@@ -28,7 +28,7 @@ from rlactors.algorithms import (
     rollout_rejection_mask,
     sapo_policy_loss,
 )
-from rlactors.config import AlgorithmConfig
+from rlactors.config import AlgorithmConfig, RolloutCorrectionConfig
 
 # Per-token metrics every policy loss returns (means over the call's mask).
 POLICY_METRICS = ("ppo_kl", "pg_clipfrac", "pg_clipfrac_lower")
@@ -37,9 +37,10 @@ BYPASS_METRICS = ("rollout_corr/rollout_is_mean", "rollout_corr/rollout_rs_maske
 
 
 def per_token_policy_loss(algorithm: AlgorithmConfig, logp: torch.Tensor, old_logp: torch.Tensor,
-                          advantages: torch.Tensor, mask: torch.Tensor, importance_weights: torch.Tensor | None,
-                          generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """`algorithm.policy_loss` per token, with its parameters from the config."""
+                          advantages: torch.Tensor, mask: torch.Tensor, importance_weights: torch.Tensor | None
+                          ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """`algorithm.policy_loss` per token, with its parameters from the config. Clip-Cov draws from
+    torch's default generator, seeded per rank and saved in the trainer's checkpoints."""
     a, name = algorithm, algorithm.policy_loss
     weights = dict(importance_weights=importance_weights)
     if name == "vanilla":
@@ -57,8 +58,7 @@ def per_token_policy_loss(algorithm: AlgorithmConfig, logp: torch.Tensor, old_lo
         return gpg_policy_loss(logp, advantages, mask, **weights)
     if name == "clip_cov":
         return clip_cov_policy_loss(logp, old_logp, advantages, mask, a.clip_ratio_low, a.clip_ratio_high,
-                                    a.clip_cov_ratio, a.clip_cov_lower, a.clip_cov_upper, generator=generator,
-                                    **weights)
+                                    a.clip_cov_ratio, a.clip_cov_lower, a.clip_cov_upper, **weights)
     if name == "kl_cov":
         return kl_cov_policy_loss(logp, old_logp, advantages, mask, a.kl_cov_ratio, a.ppo_kl_coef, **weights)
     if name == "dppo_tv":
@@ -71,8 +71,8 @@ def per_token_policy_loss(algorithm: AlgorithmConfig, logp: torch.Tensor, old_lo
 
 
 def policy_loss(algorithm: AlgorithmConfig, logp: torch.Tensor, old_logp: torch.Tensor, rollout_logp: torch.Tensor,
-                advantages: torch.Tensor, mask: torch.Tensor, importance_weights: torch.Tensor | None, counts: dict,
-                generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                advantages: torch.Tensor, mask: torch.Tensor, importance_weights: torch.Tensor | None, counts: dict
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The micro-batch's share of the mini-batch's policy loss, and its metrics as token-weighted
     sums (`POLICY_METRICS`, and `BYPASS_METRICS` in bypass mode) beside `pg_loss`.
 
@@ -90,16 +90,15 @@ def policy_loss(algorithm: AlgorithmConfig, logp: torch.Tensor, old_logp: torch.
         mode = algorithm.loss_agg_mode
     else:
         loss_mask = mask
-        per_token, stats = per_token_policy_loss(algorithm, logp, old_logp, advantages, mask, importance_weights,
-                                                 generator)
+        per_token, stats = per_token_policy_loss(algorithm, logp, old_logp, advantages, mask, importance_weights)
         mode = FIXED_LOSS_AGG_MODES.get(algorithm.policy_loss, algorithm.loss_agg_mode)
     pg_loss = aggregate_loss(per_token, loss_mask, mode, **counts)
     sums |= {"pg_loss": pg_loss, **{key: stats[key] * loss_mask.sum() for key in POLICY_METRICS}}
     return pg_loss, sums
 
 
-def bypass_correction(current_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor, correction
-                      ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
+def bypass_correction(current_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor,
+                      correction: RolloutCorrectionConfig) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
     """Bypass mode's rejection mask, importance weights of the current policy against the rollout's,
     and their token-weighted sums (divided by the mini-batch's tokens: a rejected token counts as
     weight 0 in the mean weight)."""

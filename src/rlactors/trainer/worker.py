@@ -169,7 +169,9 @@ class TrainerWorker:
         A batch without `old_logprobs` (see `AlgorithmConfig.old_logprobs`) takes the update's own
         logprobs, detached: equal by construction with one mini-batch and one epoch, the only case
         allowed. The update then also measures the rollout/trainer gap the old-logprob pass would
-        have (`rollout_trainer_kl`, `rollout_logprob_abs_diff_max`)."""
+        have (`rollout_trainer_kl`, `rollout_logprob_abs_diff_max`). In bypass mode
+        (`algorithm.rollout_correction`) the rollout logprobs are the old ones, whatever the
+        mini-batches and epochs; the policy term is `policy_objective.policy_loss`."""
         self._start("update_policy", ("actor",))
         algo = self.algorithm
         bypass = algo.rollout_correction.bypass_mode  # the rollout logprobs are the old ones
