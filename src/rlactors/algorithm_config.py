@@ -10,7 +10,7 @@ from pydantic import Field, model_validator
 
 from rlactors.config_section import Section
 
-KL_ESTIMATORS = Literal["k1", "k2", "k3", "low_var_kl", "abs", "k1+", "k3+", "low_var_kl+"]
+KL_ESTIMATORS = Literal["k1", "k2", "k3", "low_var_kl", "abs", "k1+", "k2+", "k3+", "low_var_kl+", "abs+"]
 ADVANTAGE_ESTIMATORS = Literal[
     "grpo", "rloo", "gae", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo", "gpg", "grpo_passk", "remax"
 ]
@@ -88,8 +88,8 @@ class AlgorithmConfig(Section):
     gamma: float = Field(1.0, ge=0, le=1, description="Discount of GAE and REINFORCE++ returns.")
     lam: float = Field(1.0, ge=0, le=1, description="GAE lambda.")
     policy_loss: POLICY_LOSSES = Field(
-        "vanilla", description="Policy loss (veRL's policy_loss.loss_mode). gspo, sapo and geo_mean aggregate "
-        "seq-mean-token-mean whatever loss_agg_mode says, as their definitions do."
+        "vanilla", description="Policy loss (veRL's policy_loss.loss_mode). sapo and geo_mean aggregate "
+        "seq-mean-token-mean whatever loss_agg_mode says, as their definitions do (GSPO's paper uses it too)."
     )
     clip_ratio_low: float = Field(
         0.2, ge=0, description="PPO clip below 1 (also GSPO, CISPO, GMPO, Clip-Cov); DPPO's divergence bound below."
@@ -116,7 +116,7 @@ class AlgorithmConfig(Section):
     use_kl_loss: bool = Field(False, description="Add a KL-to-reference loss term.")
     kl_loss_coef: float = Field(0.001, ge=0, description="Coefficient of the KL loss term.")
     kl_loss_type: KL_ESTIMATORS = Field(
-        "low_var_kl", description="KL estimator of the loss term; k1+ and k3+ (low_var_kl+) take k1's or k3's "
+        "low_var_kl", description="KL estimator of the loss term; a kind with + (k1+, k3+, ...) takes that kind's "
         "value with k2's gradient (straight-through)."
     )
     use_kl_in_reward: bool = Field(False, description="Subtract a KL penalty from token rewards.")

@@ -80,7 +80,7 @@ def _verl_gspo(
     pg_losses = torch.maximum(pg_losses1, pg_losses2)
     if w is not None:
         pg_losses = pg_losses * w
-    pg_loss = _verl_agg_loss(pg_losses, response_mask, "seq-mean-token-mean")
+    pg_loss = _verl_agg_loss(pg_losses, response_mask, loss_agg_mode)
     pg_clipfrac = _verl_masked_mean(torch.gt(pg_losses2, pg_losses1).float(), response_mask)
     ppo_kl = _verl_masked_mean(-negative_approx_kl, response_mask)
     return pg_loss, _metrics(pg_clipfrac=pg_clipfrac, ppo_kl=ppo_kl, pg_clipfrac_lower=0.0)
@@ -385,7 +385,7 @@ def test_registry_and_fixed_modes():
         "dppo_tv",
         "dppo_kl",
     }
-    assert FIXED_LOSS_AGG_MODES == dict.fromkeys(("gspo", "sapo", "geo_mean"), "seq-mean-token-mean")
+    assert FIXED_LOSS_AGG_MODES == dict.fromkeys(("sapo", "geo_mean"), "seq-mean-token-mean")
 
 
 # --- GSPO --------------------------------------------------------------------------------------

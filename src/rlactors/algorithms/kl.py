@@ -12,7 +12,8 @@ import torch
 
 from rlactors.algorithms.masked import masked_mean
 
-KL_KINDS = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl", "k1+", "kl+", "k3+", "low_var_kl+")
+_BASE_KINDS = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
+KL_KINDS = _BASE_KINDS + tuple(f"{kind}+" for kind in _BASE_KINDS)
 LOG_RATIO_CLAMP = 20.0
 LOW_VAR_KL_CLAMP = 10.0
 
@@ -24,16 +25,11 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.T
     abs:                    |logp - ref_logp|
     k2 (alias mse):         0.5 * (logp - ref_logp)^2
     k3 (alias low_var_kl):  x = clamp(ref_logp - logp, -20, 20); clamp(exp(x) - x - 1, -10, 10)
-    k1+, k3+ (aliases kl+, low_var_kl+): straight-through, the value of k1 / k3 with the gradient
-                            of k2 (`k2 - k2.detach() + value.detach()`), whose gradient is that of
-                            the true KL in expectation (veRL's kinds ending in "+").
-
-    Deviation from veRL: veRL documents "+" for any kind but, as written, passes the name with its
-    "+" to the forward estimator, which rejects it (NotImplementedError); this implements the
-    documented intent for k1 and k3, the kinds veRL's docs name ("k2+" would equal k2, "abs+" is not
-    offered).
+    <kind>+ (k1+, k3+, ...):  straight-through, the value of <kind> with the gradient of k2
+                            (`k2 - k2.detach() + value.detach()`), whose gradient is that of the
+                            true KL in expectation (veRL 0.9.1's kinds ending in "+"; k2+ is k2).
     """
-    if kind in ("k1+", "kl+", "k3+", "low_var_kl+"):
+    if kind.endswith("+") and kind[:-1] in _BASE_KINDS:
         value = kl_penalty(logp, ref_logp, kind[:-1])
         k2 = kl_penalty(logp, ref_logp, "k2")
         return k2 - k2.detach() + value.detach()

@@ -15,8 +15,9 @@ Deviations shared by all functions: padded positions of the inputs are ignored (
 any arithmetic, so -inf or NaN there never reaches a result or a gradient) and padded positions of
 `per_token` are 0; veRL leaves whatever the arithmetic gives there (its aggregation ignores it).
 
-Aggregation: veRL aggregates most of these with the configured `loss_agg_mode`, but GSPO and SAPO
-always use `seq-mean-token-mean` and GMPO (`geo_mean`) one loss per sequence averaged over rows.
+Aggregation: veRL 0.9.1 aggregates most of these with the configured `loss_agg_mode` (GSPO too; its
+paper's setting is `seq-mean-token-mean`), but SAPO always uses `seq-mean-token-mean` and GMPO
+(`geo_mean`) one loss per sequence averaged over rows.
 `FIXED_LOSS_AGG_MODES` lists those: the trainer must aggregate them with that mode whatever
 `loss_agg_mode` says.
 """
@@ -72,8 +73,8 @@ def gspo_policy_loss(
     `r_t = exp(min(s_i.detach() + logp_t - logp_t.detach(), 10))`: every token of a sequence has
     the same value `exp(s_i)` and `d r_t / d logp_t = r_t`. The loss is PPO's clipped surrogate on
     `r_t`, `max(-A * r, -A * clamp(r, 1 - clip_ratio_low, 1 + clip_ratio_high))`, without dual clip.
-    Aggregate with `seq-mean-token-mean` (`FIXED_LOSS_AGG_MODES`; veRL ignores `loss_agg_mode`):
-    then the gradient per token is the sequence-level one divided by |y_i|.
+    veRL 0.9.1 aggregates it with `loss_agg_mode`; the paper's `seq-mean-token-mean` makes the
+    gradient per token the sequence-level one divided by |y_i|.
 
     Metrics: `pg_clipfrac` the fraction of tokens where the clipped branch is larger, `ppo_kl` the
     token mean of `old_logp - logp` (not clamped), `pg_clipfrac_lower` 0.
@@ -437,7 +438,6 @@ POLICY_LOSSES = {
 # Losses veRL aggregates with a fixed mode whatever `loss_agg_mode` says: the trainer must pass
 # this mode to `aggregate_loss` for them (with the mini-batch's global counts).
 FIXED_LOSS_AGG_MODES = {
-    "gspo": "seq-mean-token-mean",
     "sapo": "seq-mean-token-mean",
     "geo_mean": "seq-mean-token-mean",
 }
