@@ -6,8 +6,8 @@ import torch
 from rlactors.algorithms import (
     aggregate_loss,
     ppo_policy_loss,
+    rollout_importance_weights,
     sft_loss,
-    truncated_importance_weights,
     value_loss,
 )
 
@@ -69,7 +69,7 @@ def test_padding_is_ignored_by_metrics_and_aggregation():
 def test_truncated_importance_weights_multiply_the_loss_and_are_detached():
     old_logp = torch.tensor([[-1.0, -1.0, -1.0]])
     rollout_logp = (old_logp - torch.tensor([[math.log(2.0), math.log(0.5), 0.0]])).requires_grad_(True)
-    weights = truncated_importance_weights(old_logp, rollout_logp, cap=1.5)
+    weights, _ = rollout_importance_weights(old_logp, rollout_logp, torch.ones(1, 3), "token", 1.5)  # TIS
     assert torch.allclose(weights, torch.tensor([[1.5, 0.5, 1.0]]))
     assert not weights.requires_grad
     logp = old_logp.clone().requires_grad_(True)
@@ -78,8 +78,8 @@ def test_truncated_importance_weights_multiply_the_loss_and_are_detached():
     assert torch.allclose(weighted, torch.tensor([[-1.5, 1.0, -0.5]]))
     weighted.sum().backward()
     assert torch.allclose(logp.grad, torch.tensor([[-1.5, 1.0, -0.5]]))  # ratio 1: grad = -A * w
-    with pytest.raises(ValueError, match="cap"):
-        truncated_importance_weights(old_logp, rollout_logp, cap=0.0)
+    with pytest.raises(ValueError, match="threshold must be positive"):
+        rollout_importance_weights(old_logp, rollout_logp, torch.ones(1, 3), "token", 0.0)
 
 
 def test_dual_clip_bound_must_exceed_one():

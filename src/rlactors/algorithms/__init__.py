@@ -28,7 +28,6 @@ deliberate deviation is stated in the function's docstring.
     scores_to_token_rewards         the reward manager's placement of a score on the last valid token
     aggregate_loss                  core_algos.agg_loss (global token / sequence counts, no dp_size)
     ppo_policy_loss                 core_algos.compute_policy_loss_vanilla (returns per-token loss)
-    truncated_importance_weights    actor's `tis_imp_ratio_cap` weights (rollout vs trainer logprobs)
     gspo_policy_loss                core_algos.compute_policy_loss_gspo (aggregate with seq-mean-token-mean)
     sapo_policy_loss                core_algos.compute_policy_loss_sapo (aggregate with seq-mean-token-mean)
     cispo_policy_loss               core_algos.compute_policy_loss_cispo
@@ -55,7 +54,8 @@ One policy update on a micro-batch (counts over the whole mini-batch, see `losse
 
     logp = logprobs_from_logits(logits.float(), labels, chunk_size=1024)
     pg, metrics = ppo_policy_loss(logp, old_logp, advantages, mask, 0.2, 0.28, 3.0,
-                                  importance_weights=truncated_importance_weights(old_logp, rollout_logp, 2.0))
+                                  importance_weights=rollout_importance_weights(old_logp, rollout_logp, mask,
+                                                                                "token", 2.0)[0])
     counts = dict(global_num_tokens=n_tokens, global_num_sequences=n_sequences, norm_tokens=max_len)
     loss = aggregate_loss(pg, mask, mode, **counts)
     loss = loss + kl_coef * aggregate_loss(kl_penalty(logp, ref_logp, "low_var_kl"), mask, mode, **counts)
@@ -84,7 +84,6 @@ from rlactors.algorithms.losses import (
     num_nonempty_sequences,
     ppo_policy_loss,
     sft_loss,
-    truncated_importance_weights,
     value_loss,
 )
 from rlactors.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
@@ -168,6 +167,5 @@ __all__ = [
     "sapo_policy_loss",
     "scores_to_token_rewards",
     "sft_loss",
-    "truncated_importance_weights",
     "value_loss",
 ]

@@ -92,18 +92,6 @@ def aggregate_loss(
     return token_sums.sum() / norm_tokens / num_sequences
 
 
-def truncated_importance_weights(old_logp: torch.Tensor, rollout_logp: torch.Tensor, cap: float) -> torch.Tensor:
-    """Truncated importance weights `min(exp(old_logp - rollout_logp), cap)`, detached.
-
-    `old_logp` are the trainer's logprobs of the sampled tokens under the weights that generated
-    them, `rollout_logp` the rollout engine's: the ratio corrects both the engine/trainer numeric
-    mismatch and, for stale samples, the policy lag. (veRL: `tis_imp_ratio_cap`.)
-    """
-    if cap <= 0:
-        raise ValueError(f"importance weight cap must be positive, got {cap}")
-    return torch.exp(old_logp.detach() - rollout_logp.detach()).clamp(max=cap)
-
-
 def ppo_policy_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -119,7 +107,7 @@ def ppo_policy_loss(
     `ratio = exp(clamp(logp - old_logp, -20, 20))`,
     `L = max(-A * ratio, -A * clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high))`, and where
     `A < 0`, `L = min(-A * clip_ratio_c, L)`. `importance_weights` (e.g. from
-    `truncated_importance_weights`) multiply the per-token loss and are detached.
+    `rollout_importance_weights`) multiply the per-token loss and are detached.
 
     Returns the per-token loss [batch, response_len] (aggregate it with `aggregate_loss`) and detached
     metrics over this call's mask: `pg_clipfrac` (clipped by the ratio clip), `pg_clipfrac_lower`

@@ -8,7 +8,7 @@ has one contract, so that a trainer can dispatch on veRL's `loss_mode` name (`PO
 `per_token` is the [batch, response_len] loss matrix (aggregate it with `losses.aggregate_loss`);
 `metrics` holds exactly `pg_clipfrac`, `pg_clipfrac_lower` and `ppo_kl`, detached 0-dim tensors
 computed over this call's mask (0 where veRL reports 0 or nothing). `importance_weights` (e.g.
-`losses.truncated_importance_weights`, veRL's `rollout_is_weights`) multiply the per-token loss and
+`rollout_importance_weights`, veRL's `rollout_is_weights`) multiply the per-token loss and
 are detached.
 
 Deviations shared by all functions: padded positions of the inputs are ignored (replaced by 0 before
@@ -232,7 +232,7 @@ def reinforce_policy_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """REINFORCE (veRL's `compute_policy_loss_reinforce`, the `bypass_mode` loss with
     `loss_type=reinforce`): `L = -A * logp`, times the detached importance weights
-    (rollout-to-trainer correction, e.g. `truncated_importance_weights(logp, rollout_logp, cap)`).
+    (rollout-to-trainer correction, e.g. `rollout_importance_weights(logp, rollout_logp, mask, "token", cap)`).
 
     `rollout_logp` only feeds the metric `ppo_kl`, the token mean of `rollout_logp - logp`.
     `pg_clipfrac` and `pg_clipfrac_lower` are 0.
