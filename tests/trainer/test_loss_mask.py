@@ -9,10 +9,10 @@ from rlactors.trainer.batch import (
     LOSS_MASK,
     TrainBatch,
     build_micro_batch,
-    plan_mini_batches,
     train_batch_from_groups,
     unpad_rows,
 )
+from rlactors.trainer.plan import plan_mini_batches
 from rlactors.types import Group, PromptRequest, Sample
 
 # Two turns: 2 model tokens, a 2-token observation, 2 model tokens, a trailing 1-token observation.

@@ -9,11 +9,10 @@ from rlactors.trainer.batch import (
     ROLLOUT_LOGPROBS,
     TrainBatch,
     build_micro_batch,
-    equalize_micro_batch_counts,
-    plan_mini_batches,
     train_batch_from_groups,
     unpad_rows,
 )
+from rlactors.trainer.plan import equalize_micro_batch_counts, plan_mini_batches
 from rlactors.types import Group, PromptRequest, Sample
 
 

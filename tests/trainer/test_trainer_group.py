@@ -19,8 +19,9 @@ from trainer_helpers import (
 
 from rlactors.config import AlgorithmConfig, OptimConfig
 from rlactors.models import load_model
-from rlactors.trainer.batch import LOSS_MASK, TrainBatchRef, plan_mini_batches, rows_in_batch_order
+from rlactors.trainer.batch import LOSS_MASK, TrainBatchRef, rows_in_batch_order
 from rlactors.trainer.group import TrainerGroup
+from rlactors.trainer.plan import plan_mini_batches
 from rlactors.trainer.ranks import TrainerRankError
 
 # Every loss term on: clip-higher, dual clip, KL loss, entropy bonus; and importance weights

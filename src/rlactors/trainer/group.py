@@ -37,13 +37,8 @@ import torch
 from rlactors.config import AlgorithmConfig, TrainerConfig
 from rlactors.phases import PHASE_LOG_TIMEOUT_S
 from rlactors.placement.cluster import unplaced_options
-from rlactors.trainer.batch import (
-    MiniBatchPlan,
-    TrainBatch,
-    TrainBatchRef,
-    plan_mini_batches,
-    rows_in_batch_order,
-)
+from rlactors.trainer.batch import TrainBatch, TrainBatchRef, rows_in_batch_order
+from rlactors.trainer.plan import MiniBatchPlan, plan_mini_batches
 from rlactors.trainer.ranks import TrainerRankError, describe_error, kill_ranks, wait_for_ranks
 from rlactors.trainer.worker import TrainerWorker
 from rlactors.transport import results_in_object_store

@@ -53,12 +53,12 @@ from rlactors.trainer.batch import (
     IMPORTANCE_WEIGHTS,
     ROLLOUT_LOGPROBS,
     MicroBatch,
-    MiniBatchPlan,
     TrainBatch,
     build_micro_batch,
     unpad_rows,
 )
 from rlactors.trainer.offload import resident
+from rlactors.trainer.plan import MiniBatchPlan
 from rlactors.trainer.policy_objective import BYPASS_METRICS, POLICY_METRICS, policy_loss
 
 # Metrics that are token means: ranks return token-weighted sums, divided by the mini-batch's tokens.
