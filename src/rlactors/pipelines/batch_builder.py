@@ -14,7 +14,8 @@ bookkeeping. The TrainBatches it puts belong to it and are freed once their refs
 
 The numbers are those the driver computed before (the same functions in the same order, in
 `add_advantages`): groups in group_id order, old and reference logprobs, token rewards (minus the
-KL penalty if `kl_coef` is given), then GAE, RLOO or GRPO advantages. All of them run over the
+KL penalty if `kl_coef` is given), the advantages of `algorithm.advantage`, then the decoupled
+rollout correction (importance weights and rejection over the whole batch). All of them run over the
 model tokens of the responses (`TrainBatch.train_mask`): a multi-turn response's score lands on its
 last model token, and GAE carries values across the observation tokens between turns.
 """
