@@ -75,10 +75,10 @@ COUNTERS = (
 # The actor
 
 
-
 def _scored_samples(group: Group) -> list[Sample]:
     """The samples to score: the group's, then its greedy baseline (ReMax) if it has one."""
     return group.samples + ([group.baseline] if group.baseline is not None else [])
+
 
 @ray.remote(max_restarts=2, max_task_retries=2)  # scoring is a pure function of its input: retries are safe
 class RewardScorer:

@@ -12,21 +12,13 @@ import torch
 
 from rlactors.algorithms import (
     FIXED_LOSS_AGG_MODES,
+    POLICY_LOSSES,
     aggregate_loss,
-    cispo_policy_loss,
-    clip_cov_policy_loss,
-    dppo_kl_policy_loss,
-    dppo_tv_policy_loss,
-    geo_mean_policy_loss,
-    gpg_policy_loss,
-    gspo_policy_loss,
-    kl_cov_policy_loss,
     parse_rejection,
     ppo_policy_loss,
     reinforce_policy_loss,
     rollout_importance_weights,
     rollout_rejection_mask,
-    sapo_policy_loss,
 )
 from rlactors.config import AlgorithmConfig, RolloutCorrectionConfig
 
@@ -36,38 +28,33 @@ POLICY_METRICS = ("ppo_kl", "pg_clipfrac", "pg_clipfrac_lower")
 BYPASS_METRICS = ("rollout_corr/rollout_is_mean", "rollout_corr/rollout_rs_masked_fraction")
 
 
+def loss_parameters(algorithm: AlgorithmConfig) -> tuple:
+    """The config values `algorithm.policy_loss`'s function takes after its tensors, in order."""
+    a = algorithm
+    clip = (a.clip_ratio_low, a.clip_ratio_high)
+    return {
+        "vanilla": (*clip, a.clip_ratio_c),
+        "gspo": clip,
+        "sapo": (a.tau_positive, a.tau_negative),
+        "cispo": clip,
+        "geo_mean": clip,
+        "gpg": (),
+        "clip_cov": (*clip, a.clip_cov_ratio, a.clip_cov_lower, a.clip_cov_upper),
+        "kl_cov": (a.kl_cov_ratio, a.ppo_kl_coef),
+        "dppo_tv": (*clip, a.clip_ratio_c),  # divergence bounds and the truncation cap, as veRL reads them
+        "dppo_kl": (*clip, a.clip_ratio_c),
+    }[a.policy_loss]
+
+
 def per_token_policy_loss(algorithm: AlgorithmConfig, logp: torch.Tensor, old_logp: torch.Tensor,
                           advantages: torch.Tensor, mask: torch.Tensor, importance_weights: torch.Tensor | None
                           ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """`algorithm.policy_loss` per token, with its parameters from the config. Clip-Cov draws from
-    torch's default generator, seeded per rank and saved in the trainer's checkpoints."""
-    a, name = algorithm, algorithm.policy_loss
-    weights = dict(importance_weights=importance_weights)
-    if name == "vanilla":
-        return ppo_policy_loss(logp, old_logp, advantages, mask, a.clip_ratio_low, a.clip_ratio_high, a.clip_ratio_c,
-                               **weights)
-    if name == "gspo":
-        return gspo_policy_loss(logp, old_logp, advantages, mask, a.clip_ratio_low, a.clip_ratio_high, **weights)
-    if name == "sapo":
-        return sapo_policy_loss(logp, old_logp, advantages, mask, a.tau_positive, a.tau_negative, **weights)
-    if name == "cispo":
-        return cispo_policy_loss(logp, old_logp, advantages, mask, a.clip_ratio_low, a.clip_ratio_high, **weights)
-    if name == "geo_mean":
-        return geo_mean_policy_loss(logp, old_logp, advantages, mask, a.clip_ratio_low, a.clip_ratio_high, **weights)
-    if name == "gpg":
-        return gpg_policy_loss(logp, advantages, mask, **weights)
-    if name == "clip_cov":
-        return clip_cov_policy_loss(logp, old_logp, advantages, mask, a.clip_ratio_low, a.clip_ratio_high,
-                                    a.clip_cov_ratio, a.clip_cov_lower, a.clip_cov_upper, **weights)
-    if name == "kl_cov":
-        return kl_cov_policy_loss(logp, old_logp, advantages, mask, a.kl_cov_ratio, a.ppo_kl_coef, **weights)
-    if name == "dppo_tv":
-        return dppo_tv_policy_loss(logp, old_logp, advantages, mask, a.clip_ratio_low, a.clip_ratio_high,
-                                   a.clip_ratio_c, **weights)
-    if name == "dppo_kl":
-        return dppo_kl_policy_loss(logp, old_logp, advantages, mask, a.clip_ratio_low, a.clip_ratio_high,
-                                   a.clip_ratio_c, **weights)
-    raise ValueError(f"unknown algorithm.policy_loss {name!r}")
+    """`algorithm.policy_loss` per token (`algorithms.POLICY_LOSSES`), with its parameters from the
+    config. GPG takes no old logprobs. Clip-Cov draws from torch's default generator, seeded per rank
+    and saved in the trainer's checkpoints."""
+    name = algorithm.policy_loss
+    tensors = (logp, advantages, mask) if name == "gpg" else (logp, old_logp, advantages, mask)
+    return POLICY_LOSSES[name](*tensors, *loss_parameters(algorithm), importance_weights=importance_weights)
 
 
 def policy_loss(algorithm: AlgorithmConfig, logp: torch.Tensor, old_logp: torch.Tensor, rollout_logp: torch.Tensor,
