@@ -24,6 +24,7 @@ from rlactors.device import default_dtype
 from rlactors.models import ensure_run_model, load_tokenizer
 from rlactors.pipelines.batch_builder import BatchBuilder
 from rlactors.pipelines.teardown import run_parts, stop_all
+from rlactors.pipelines.warm import WarmEngines, engine_key
 from rlactors.placement import trainer_roles
 from rlactors.placement.cluster import Placement, check_visible_everywhere, plan_for_cluster
 from rlactors.reward.scorer import RewardPool
@@ -77,6 +78,11 @@ class Run:
     placement: Placement | None = None  # the run's plan and placement groups
     builder: ray.actor.ActorHandle | None = None  # BatchBuilder: train batches and validation, off the driver
     weight_sync: WeightSyncSettings | None = None  # how the actor's weights reach the engines
+    # Engines kept between runs (`rlactors.pipelines.warm`): where they go back at the end, their key,
+    # and whether this run took them (they hold the last run's weights until `begin` sends these).
+    warm: WarmEngines | None = None
+    engine_key: tuple | None = None
+    engines_taken: bool = False
     step: int = 0
     policy_version: int = 0
     exported_step: int | None = None  # the step of this process's last Hugging Face export
@@ -89,9 +95,11 @@ class Run:
     def shutdown(self) -> None:
         """Stop every actor (trainer ranks, engines, reward scorers, buffer, builder), each bounded
         and killed if it fails or hangs, then release the placement groups; the errors are
-        reported once everything is down (`rlactors.pipelines.teardown`)."""
-        stop_all(run_parts((self.actor, self.reference, self.critic), self.router, self.reward, self.buffer,
-                           self.builder), self.placement)
+        reported once everything is down (`rlactors.pipelines.teardown`). With `warm`, the engines
+        and their placement go back to it instead, unless a replica failed (`WarmEngines.keep`)."""
+        kept = self.warm is not None and self.warm.keep(self.engine_key, self.placement, self.router)
+        stop_all(run_parts((self.actor, self.reference, self.critic), None if kept else self.router, self.reward,
+                           self.buffer, self.builder), None if kept else self.placement)
 
 
 def data_files(config: Config, output_dir: Path) -> tuple[list[str], list[str]]:
@@ -120,9 +128,10 @@ def trainer_settings(config: Config, device_kind: str) -> TrainerConfig:
     return trainer
 
 
-def build_run(config: Config, model_path: str | None = None) -> Run:
+def build_run(config: Config, model_path: str | None = None, warm: WarmEngines | None = None) -> Run:
     """Validate data, build the model if asked, plan the run on the cluster and reserve its
-    devices, then start every actor the config needs in its place."""
+    devices, then start every actor the config needs in its place. With `warm`, engines kept by an
+    earlier run with the same settings and plan are taken instead of started (`rlactors.pipelines.warm`)."""
     output_dir = Path(config.pipeline.output_dir).absolute()  # once: every actor on every node gets this path
     output_dir.mkdir(parents=True, exist_ok=True)
     dump_config(config, output_dir / "config.yaml")
@@ -145,7 +154,9 @@ def build_run(config: Config, model_path: str | None = None) -> Run:
     # A transport the plan cannot serve is refused here, before any device is reserved.
     transport = choose_for_plan(config.rollout.weight_transport, plan, config.rollout.num_engines,
                                 config.pipeline.mode == "colocated")
-    placement = Placement.reserve(plan, config.pipeline.placement_timeout_s)
+    key = engine_key(config, model_path, plan, transport.vllm_backend)
+    kept = warm.take(key) if warm is not None else None
+    placement = kept.placement if kept else Placement.reserve(plan, config.pipeline.placement_timeout_s)
     trainers: dict[str, TrainerGroup] = {}
     router = reward = buffer = builder = None
     try:
@@ -162,8 +173,12 @@ def build_run(config: Config, model_path: str | None = None) -> Run:
                 group.offload()
         # Engines restart after a crash (Ray re-runs the constructor, in the same bundles) and the
         # trainer sends them the current weights before they get work again (set_weight_loader below).
-        router = RolloutRouter.create(model_path, config.rollout, max_restarts=1, placement=placement,
-                                      dtype=config.model.dtype, weight_backend=transport.vllm_backend)
+        if kept:
+            router = RolloutRouter.over(kept.engines, config.rollout)
+            router.new_run()
+        else:
+            router = RolloutRouter.create(model_path, config.rollout, max_restarts=1, placement=placement,
+                                          dtype=config.model.dtype, weight_backend=transport.vllm_backend)
         router.ready()
         reward = RewardPool(config.reward, max_response_tokens=sampling.max_response_tokens)
         buffer = ReplayBuffer.options(**placement.near("actor")).remote(
@@ -187,4 +202,5 @@ def build_run(config: Config, model_path: str | None = None) -> Run:
     router.set_weight_loader(lambda targets, version: actor.send_weights_ref(targets, version, weight_sync))
     print(f"weight transport: {transport.transport} ({transport.reason})")
     return Run(config, output_dir, tokenizer, dataset, val_requests, router, reward, buffer, actor,
-               trainers.get("reference"), trainers.get("critic"), kl_controller, placement, builder, weight_sync)
+               trainers.get("reference"), trainers.get("critic"), kl_controller, placement, builder, weight_sync,
+               warm, key, bool(kept))

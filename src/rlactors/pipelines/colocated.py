@@ -31,6 +31,7 @@ from rlactors.pipelines.common import (
     timed,
     update,
 )
+from rlactors.pipelines.warm import WarmEngines
 from rlactors.trainer.group import TrainerGroup
 
 
@@ -82,9 +83,10 @@ def save_phase_logs(run: Run) -> Path:
     return path
 
 
-def run_colocated(config: Config, model_path: str | None = None) -> list[dict]:
+def run_colocated(config: Config, model_path: str | None = None,
+                  warm: WarmEngines | None = None) -> list[dict]:
     """Train `config.pipeline.num_steps` steps; returns the per-step metrics (also in metrics.jsonl)."""
-    run = build_run(config, model_path)  # with trainer.offload the trainers start offloaded
+    run = build_run(config, model_path, warm)  # with trainer.offload the trainers start offloaded
     offload = config.trainer.offload
     history = []
     try:

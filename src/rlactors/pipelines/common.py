@@ -272,14 +272,18 @@ def throughput(sampled: SampledBatchRef, step_s: float, num_devices: int) -> flo
 
 
 def begin(run: Run, history: list[dict]) -> MetricsLogger:
-    """Resume if asked (re-sending the restored weights to the engines), open the metrics log,
-    and validate once before the first step of a fresh run (appended to `history` as step 0)."""
+    """Resume if asked, send the run's weights to engines that do not hold them (restored ones;
+    engines taken from `run.warm` hold the last run's and sleep), open the metrics log, and
+    validate once before the first step of a fresh run (appended to `history` as step 0)."""
     from rlactors.pipelines.checkpointing import find_resume_point, load_run
 
     resume_from = find_resume_point(run.config.pipeline.resume, run.output_dir)
     if resume_from is not None:
         load_run(run, resume_from)
-        publish_weights(run)  # the engines started from the model folder
+    if resume_from is not None or run.engines_taken:
+        publish_weights(run)  # the engines started from the model folder, or hold another run's weights
+        run.router.wake_up()  # taken engines slept while kept; awake ones have nothing to wake
+    if resume_from is not None:
         print(f"resumed from {resume_from} at step {run.step}, policy_version {run.policy_version}")
     pipeline = run.config.pipeline
     logger = MetricsLogger(run.output_dir, pipeline.num_steps, append=resume_from is not None, loggers=pipeline.loggers,

@@ -35,6 +35,7 @@ from rlactors.pipelines.common import (
     sync_weights,
     update,
 )
+from rlactors.pipelines.warm import WarmEngines
 
 
 class Producer(threading.Thread):
@@ -90,9 +91,10 @@ def next_batch(run: Run, producer: Producer):
                 raise
 
 
-def run_fully_async(config: Config, model_path: str | None = None) -> list[dict]:
+def run_fully_async(config: Config, model_path: str | None = None,
+                    warm: WarmEngines | None = None) -> list[dict]:
     """Train `config.pipeline.num_steps` steps; returns the per-step metrics (also in metrics.jsonl)."""
-    run = build_run(config, model_path)
+    run = build_run(config, model_path, warm)
     history = []
     producer = Producer(run)
     try:

@@ -11,6 +11,7 @@ Protocol (Ray actor methods; everything else is private):
     ray.get(engine.abort.remote(group_ids))                 # None aborts everything in flight
     ray.get(engine.health.remote()); engine.state_dict / load_state_dict
     ray.get(engine.phase_log.remote())                      # [{phase, monotonic_s, memory, ...}]
+    ray.get(engine.new_run.remote())                        # kept for another run (rlactors.pipelines.warm)
 
 `generate(requests, sampling)`: `requests` is a list of `PromptRequest` (or an object ref of one,
 which Ray resolves); `sampling` a `SamplingConfig`, a dict of its fields, or one of either per
@@ -65,6 +66,10 @@ Failures (`rollout.engine_core`): if vLLM cannot start, `ready()` and every late
 RuntimeError("vLLM engine failed to start: <vLLM's own error>"); once the engine core dies, every
 call (one waiting on it too) raises vLLM's EngineDeadError and `health()` gives the cause in `error`.
 vLLM's processes die with the actor (`rlactors.rollout.vllm_plugin`).
+
+Another run (`new_run`, for engines kept between runs, `rlactors.pipelines.warm`): the policy
+version goes back to 0 and the phase log and counters start empty; the engine still holds the last
+run's weights, so it refuses to generate until a weight update has loaded the new run's.
 
 Checkpoint (`state_dict`): the `policy_version` only. Weights belong to the trainer: after a
 restore, or a restart, the trainer sends them again.
@@ -150,6 +155,7 @@ class RolloutEngine:
         self._suspension = Suspension()  # CPU: vLLM's processes stopped while asleep
         self._num_vllm_calls = 0  # calls into vLLM awaiting an answer: never stopped mid-way
         self._suspend_when_idle = False  # asleep with calls in flight: stop vLLM once the last returns
+        self._weights_of_last_run = False  # `new_run` until its first weight update: generate refuses
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -191,6 +197,20 @@ class RolloutEngine:
             "pid": os.getpid(),
         }
 
+    async def new_run(self) -> None:
+        """Serve another run from policy_version 0, with an empty phase log and counters. Only an
+        idle, healthy engine can: nothing in flight, no weight update open. Until the next weight
+        update it holds the last run's weights, and `generate` refuses."""
+        await self.ready()
+        if self._in_flight or self._update is not None or self.weights_mixed:
+            raise RuntimeError(f"new_run: the engine is busy ({len(self._in_flight)} request(s) in flight, weight "
+                               f"update open: {self._update is not None or self.weights_mixed})")
+        self.policy_version, self.num_interrupted = 0, 0
+        self.phases = PhaseLog()
+        self._user_aborted.clear()
+        self._weights_of_last_run = True
+        await self._vllm("new_run", self.llm.update_weight_version("0"))
+
     def state_dict(self) -> dict:
         return {"policy_version": self.policy_version}
 
@@ -209,6 +229,9 @@ class RolloutEngine:
         await self.ready()
         if self.asleep:
             raise RuntimeError("RolloutEngine is asleep: call wake_up() before generate()")
+        if self._weights_of_last_run:
+            raise RuntimeError("RolloutEngine holds the last run's weights: load this run's (a weight update) "
+                               "before generate()")
         per_request = sampling if isinstance(sampling, list) else [sampling] * len(requests)
         if len(per_request) != len(requests):
             raise ValueError(f"got {len(per_request)} sampling settings for {len(requests)} requests")
@@ -398,6 +421,7 @@ class RolloutEngine:
         self.policy_version = policy_version
         self.weights_mixed = False
         self._weights_discarded = False
+        self._weights_of_last_run = False
         await self._record("load_weights", policy_version=policy_version, weight_bytes=update["weight_bytes"])
         if not update["was_asleep"]:
             await self._vllm("finish_weight_update", self.llm.resume_generation())

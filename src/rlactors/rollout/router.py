@@ -94,6 +94,11 @@ class RolloutRouter:
         engines = [create_engine(model_path, config, max_restarts=max_restarts, **engine_options,
                                  placement_options=placement.engine_options(i) if placement is not None else None)
                    for i in range(config.num_engines)]
+        return cls.over(engines, config)
+
+    @classmethod
+    def over(cls, engines: list, config: RolloutConfig):
+        """A router over engines already started (kept from another run), with `config`'s bounds."""
         return cls(engines, start_timeout_s=config.start_timeout_s, call_timeout_s=config.call_timeout_s,
                    stall_timeout_s=config.stall_timeout_s, health_timeout_s=config.health_timeout_s)
 
@@ -354,6 +359,20 @@ class RolloutRouter:
 
     def sleep(self) -> None:
         self._call(self.replicas.live(), "sleep")
+
+    def abort(self) -> None:
+        """End whatever every live replica generates now (its groups come back aborted)."""
+        self._call(self.replicas.live(), "abort", None)
+
+    def new_run(self) -> None:
+        """Every replica serves a new run from policy_version 0 (engines kept from another run;
+        they refuse to generate until this run's first weight sync)."""
+        self._call(self.replicas.live(), "new_run")
+
+    def stop_weight_transfer(self) -> None:
+        """Every live replica leaves its weight-transfer engine (an NCCL group, mapped segments), as
+        engines kept after their trainer is gone must: the next run's trainer sets up its own."""
+        self._call(self.replicas.live(), "shutdown_weight_transfer")
 
     def wake_up(self) -> None:
         """Wake whatever still sleeps: after a weight sync into sleeping engines, the KV cache."""
