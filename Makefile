@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rlactors-installed
 FORBIDDEN := torchvision torchaudio torchcodec
 
-.PHONY: demo test test-ci-only lint lock clean-venv
+.PHONY: demo test test-slow lint lock clean-venv
 
 $(STAMP): requirements/cpu.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,12 +18,19 @@ $(STAMP): requirements/cpu.lock pyproject.toml
 demo: $(STAMP)
 	$(PY) -m rlactors demo
 
-test: $(STAMP)
-	$(PY) -m pytest -q -m "not ci_only"
+# Test files run in TEST_WORKERS processes (pytest-xdist, one file per worker at a time: a file's
+# module fixtures stay in one process). Each worker has its own local Ray and warm engines; two
+# workers keep both cores busy while the other waits on an actor. TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
-# The few slowest fault scenarios, each backed by a faster test in `make test`; CI runs both.
-test-ci-only: $(STAMP)
-	$(PY) -m pytest -q -m ci_only
+# Every guarantee at its cheapest level (at most 20 minutes on 2 cores); the 25 slowest tests last.
+test: $(STAMP)
+	$(PYTEST) -m "not slow" --durations=25
+
+# The few long end-to-end and fault runs only the whole stack can show (marked `slow`); CI runs both.
+test-slow: $(STAMP)
+	$(PYTEST) -m slow --durations=10
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks examples

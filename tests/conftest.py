@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import os
+import uuid
 
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# Marks every process this test session starts (Ray's, vLLM's, reward workers, drivers), so that
+# checks for leftover processes count this session's only, whatever else runs on the machine.
+TEST_SESSION_ENV = "RLACTORS_TEST_SESSION"
+os.environ[TEST_SESSION_ENV] = uuid.uuid4().hex
 
 
 @pytest.fixture(scope="session")
@@ -46,6 +51,86 @@ def ray_session():
     yield start_local_ray()
 
 
+# Session fixtures that hold what other tests need (CPUs of the suite's 4-CPU Ray, a vLLM each):
+# fixture name -> release. Each test releases those it does not ask for; their values start what
+# they hold again when a later test asks (a release of nothing held does nothing).
+_releasable: dict = {}
+
+
+@pytest.fixture(autouse=True)
+def _release_what_this_test_does_not_use(request):
+    for name, release in _releasable.items():
+        if name not in request.fixturenames:
+            release()
+
+
+@pytest.fixture(scope="session")
+def warm_engines(ray_session):
+    """Rollout engines kept from one pipeline run to the next (`rlactors.pipelines.warm`): pass it as
+    `run_pipeline(config, warm=warm_engines)`, and a run whose engine settings and plan match the
+    last run's takes its engines instead of starting vLLM (~25 s). Every run still gets its own
+    trainers, buffer and reward scorers, and sends its weights to the engines before they generate."""
+    from rlactors.pipelines.warm import WarmEngines
+
+    warm = WarmEngines()
+    _releasable["warm_engines"] = warm.close
+    yield warm
+    warm.close()
+
+
+class EngineOnDemand:
+    """One RolloutEngine, started at the first `get()` after a `close()`."""
+
+    def __init__(self, model_dir, config):
+        self.model_dir, self.config = model_dir, config
+        self.handle = None
+
+    def get(self):
+        import ray
+
+        from rlactors.rollout.engine import create_engine
+
+        if self.handle is None:
+            self.handle = create_engine(str(self.model_dir), self.config)
+            ray.get(self.handle.ready.remote(), timeout=600)
+        return self.handle
+
+    def close(self) -> None:
+        import ray
+
+        if self.handle is not None:
+            ray.kill(self.handle)
+            self.handle = None
+
+
+@pytest.fixture(scope="session")
+def shared_engine(ray_session, tiny_model_dir):
+    """The rollout tests' engine (tests/rollout: engine, episodes), for those that do not fault it:
+    partial rollouts resumed, 256 tokens of context, episodes of up to 3 turns of 8 tokens whose
+    environment steps may take 2 s (a request names its environment). vLLM starts once for them."""
+    from rlactors.config import EnvironmentConfig, RolloutConfig
+
+    environment = EnvironmentConfig(max_turns=3, max_turn_tokens=8, step_timeout_s=2.0)
+    engine = EngineOnDemand(tiny_model_dir, RolloutConfig(partial_rollout=True, on_abort="resume", max_model_len=256,
+                                                          environment=environment))
+    _releasable["shared_engine"] = engine.close
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def engine(shared_engine, reference):
+    """The shared engine, holding the module's `reference` weights: sent as its next policy version
+    through the trainer's weight sync, since an earlier module left its own there. The module's
+    tests move the two together."""
+    import ray
+
+    handle = shared_engine.get()
+    version = ray.get(handle.health.remote(), timeout=60)["policy_version"] + 1
+    send_weights(handle, reference[0], version)
+    return handle
+
+
 class RunsCode:
     """Unpickling this calls `open(marker, "w")`: what a crafted checkpoint file could do."""
 
@@ -65,3 +150,40 @@ def reference_greedy(model, prompt_ids, num_tokens):
         for _ in range(num_tokens):
             ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
     return ids[len(prompt_ids):]
+
+
+def send_weights(engine, model, policy_version, transport="shm", verify=True):
+    """Send the transformers model's weights to the engine (a RolloutEngine, or a router) over
+    `transport`, in buckets of half the model, through vLLM's weight-transfer API; returns the
+    sync's figures and the bytes sent."""
+    from rlactors.weight_sync.choice import WeightSyncSettings
+    from rlactors.weight_sync.sender import WeightSender
+
+    # What a trainer sends: a tied lm_head is the embedding and is not sent on its own.
+    tied = model.config.tie_word_embeddings
+    state = [(n, t) for n, t in model.state_dict().items() if not (tied and n == "lm_head.weight")]
+    total_bytes = sum(t.numel() * t.element_size() for _, t in state)
+    bucket_bytes = total_bytes // 2 + 1
+    if hasattr(engine, "engines"):
+        return engine.update_weights(state, policy_version, transport, bucket_bytes, verify=verify), total_bytes
+    settings = WeightSyncSettings(transport, bucket_bytes, None, call_timeout_s=300.0, verify=verify)
+    stats = WeightSender(rank=0).send(lambda: iter(state), {0: (engine, 0)}, policy_version, settings)
+    assert stats["num_buckets"] >= 2 and not stats["failed"]
+    return stats, total_bytes
+
+
+def actor_gone(actor, timeout_s: float = 30.0) -> bool:
+    """Whether the actor is gone within `timeout_s`: `ray.kill` is asynchronous, and an idle actor
+    may still answer a call sent just after it."""
+    import time
+
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=timeout_s)
+        except ray.exceptions.RayActorError:
+            return True
+        time.sleep(0.1)
+    return False

@@ -93,10 +93,22 @@ PER_STEP_LINES = ("setting pause state", "Successfully reset prefix cache", "sle
                   "Failed to load weights")
 
 
+def assert_prints_little_and_logs_everything(terminal: str, output_dir, num_steps: int) -> None:
+    """The terminal of a run keeps the progress bar, the validation lines and the paths; each step's
+    vLLM lines land in its log folder only, with every Ray worker's raw output."""
+    lines = [line for line in terminal.replace("\r", "\n").splitlines() if line.strip() and not line.startswith("steps:")]
+    assert len(lines) <= 40, "\n".join(lines)
+    assert not [line for line in lines if any(text in line for text in PER_STEP_LINES)]
+    assert f"model: {output_dir / 'hf' / f'step_{num_steps}'}" in terminal and f"step {num_steps}: val/" in terminal
+    logged = log_text(output_dir / "logs")
+    assert sum(logged.count(text) for text in PER_STEP_LINES) >= num_steps  # each step's lines, kept in the files
+    assert any((output_dir / "logs" / "ray").glob("worker-*.out"))  # every worker's raw output, through Ray's folder
+
+
 @pytest.mark.vllm
+@pytest.mark.slow  # the same through `ray job submit`: tests/cluster/test_job_submit.py
 def test_a_run_prints_little_and_logs_everything(tmp_path, tiny_model_dir):
-    """`python -m rlactors run` with its own local Ray: the terminal keeps the progress bar, the
-    validation lines and the paths; each step's vLLM lines land in the log folder only."""
+    """`python -m rlactors run` with its own local Ray."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS" and not k.startswith("RLACTORS_")}
     overrides = [f"model.path={tiny_model_dir}", "model.dtype=auto", "data.num_train_rows=32", "data.num_val_rows=4",
                  "rollout.max_model_len=64", "rollout.sampling.max_response_tokens=4",
@@ -107,10 +119,4 @@ def test_a_run_prints_little_and_logs_everything(tmp_path, tiny_model_dir):
                             capture_output=True, text=True, timeout=600)
     terminal = result.stdout + result.stderr
     assert result.returncode == 0, terminal[-3000:]
-    lines = [line for line in terminal.replace("\r", "\n").splitlines() if line.strip() and not line.startswith("steps:")]
-    assert len(lines) <= 40, "\n".join(lines)
-    assert not [line for line in lines if any(text in line for text in PER_STEP_LINES)]
-    assert f"model: {tmp_path / 'hf' / 'step_3'}" in terminal and "step 3: val/" in terminal
-    logged = log_text(tmp_path / "logs")
-    assert sum(logged.count(text) for text in PER_STEP_LINES) >= 3  # each step's lines, kept in the files
-    assert any((tmp_path / "logs" / "ray").glob("worker-*.out"))  # every worker's raw output, through Ray's folder
+    assert_prints_little_and_logs_everything(terminal, tmp_path, num_steps=3)

@@ -1,18 +1,21 @@
 """What every chaos scenario checks after its fault: nothing lost, nothing left behind.
 
-    before = leftover_processes()                 # a Snapshot: what was there already
+    before = leftover_processes()                     # a Snapshot: what was there already
     ... run with a fault injected ...
-    assert_no_leftovers(before)                   # no new vLLM engine core, reward worker, actor or PG left
+    assert_no_leftovers(before, warm=warm_engines)    # no new engine core, reward worker, actor or PG
+                                                      # left, but what the warm engines keep for the next run
     assert_each_prompt_once(ledger_rows, prompt_ids)  # trained exactly once or dropped with a reason
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from pathlib import Path
 
 import psutil
+from conftest import TEST_SESSION_ENV
 
 # Command-line fragments (process titles) of the processes a run starts outside Ray's own actor
 # workers: vLLM's engine core and its workers, and the reward scorers' worker subprocesses.
@@ -21,7 +24,11 @@ REWARD_WORKER_MARKER = "rlactors.reward.scorer import worker_main"
 
 
 def _describe(process: psutil.Process) -> str | None:
+    """Its command line, if it is this test session's (`TEST_SESSION_ENV`, which every process the
+    session starts inherits, re-parented orphans too): another session's runs are not ours to count."""
     try:
+        if process.environ().get(TEST_SESSION_ENV) != os.environ[TEST_SESSION_ENV]:
+            return None
         return " ".join(process.cmdline()) or process.name()
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return None
@@ -36,7 +43,7 @@ class Snapshot(dict):
 
 
 def leftover_processes() -> Snapshot:
-    """A `Snapshot` now: every live vLLM engine-core process and reward worker on this machine,
+    """A `Snapshot` now: every live vLLM engine-core process and reward worker of this test session,
     and (when Ray is initialised) the live actors and placement groups of the current cluster."""
     import ray
 
@@ -72,17 +79,34 @@ def live_placement_groups() -> list[dict]:
     return [pg for pg in ray.util.placement_group_table().values() if pg["state"] != "REMOVED"]
 
 
-def assert_no_leftovers(before: Snapshot | None = None, timeout_s: float = 30.0) -> None:
+def kept_by(warm) -> Snapshot:
+    """What `warm` (a `rlactors.pipelines.warm.WarmEngines`) keeps for the next run: its engines'
+    actors and vLLM processes, and their placement groups."""
+    import ray
+
+    kept = Snapshot()
+    if warm is None or warm.kept is None:
+        return kept
+    for engine in warm.kept.engines:
+        pid = ray.get(engine.health.remote(), timeout=60)["pid"]
+        kept.update({child.pid: "kept" for child in psutil.Process(pid).children(recursive=True)})
+    kept.actor_ids = frozenset(engine._actor_id.hex() for engine in warm.kept.engines)
+    kept.placement_group_ids = frozenset(group.id.hex() for group, _ in warm.kept.placement.groups.values())
+    return kept
+
+
+def assert_no_leftovers(before: Snapshot | None = None, timeout_s: float = 30.0, warm=None) -> None:
     """Within `timeout_s`: no engine core, reward worker, run actor or placement group beyond those
-    in `before`. Names what is left."""
+    in `before` and those `warm` keeps for the next run (`kept_by`). Names what is left."""
     before = before if before is not None else Snapshot()
     deadline = time.monotonic() + timeout_s
     while True:
-        processes = {pid: text for pid, text in leftover_processes().items() if pid not in before}
+        kept = kept_by(warm)
+        processes = {pid: text for pid, text in leftover_processes().items() if pid not in before and pid not in kept}
         actors = [f"{a['ActorClassName']} ({a['State']}, pid {a['Pid']})" for a in live_actors()
-                  if a["ActorID"] not in before.actor_ids]
+                  if a["ActorID"] not in before.actor_ids | kept.actor_ids]
         groups = [pg["placement_group_id"] for pg in live_placement_groups()
-                  if pg["placement_group_id"] not in before.placement_group_ids]
+                  if pg["placement_group_id"] not in before.placement_group_ids | kept.placement_group_ids]
         if not (processes or actors or groups):
             return
         if time.monotonic() > deadline:

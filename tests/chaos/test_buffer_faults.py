@@ -18,35 +18,29 @@ from pathlib import Path
 
 import pytest
 from chaos_helpers import assert_each_prompt_once, assert_no_leftovers, checkpoint_ledger, leftover_processes
+from tiny_runs import tiny_config, with_resume
 
 from rlactors.buffer.storage import load_buffer_scalars
-from rlactors.config import load_config
 from rlactors.pipelines import run_pipeline
 
-pytestmark = [pytest.mark.vllm, pytest.mark.chaos, pytest.mark.timeout(900)]
+# In make test: dropped groups, the ledger and its cut without Ray (tests/buffer), a consistent
+# checkpoint cut (tests/pipelines/test_checkpointing.py), a run's drop accounting (tests/chaos/test_reward_faults.py).
+pytestmark = [pytest.mark.vllm, pytest.mark.chaos, pytest.mark.slow, pytest.mark.timeout(900)]
 
-BATCH = 4
+BATCH = 4  # tiny_config's pipeline.batch_size_prompts
 FAILS_WITHIN_S = 120.0  # a hang guard: a dead buffer is reported by Ray at once
 
 
 def _config(tmp_path, tiny_model_dir):
-    """tests/pipelines' two-step tiny run, with a checkpoint every step and every finished ledger
-    row appended to the log at once."""
-    return load_config(None, [
-        f"model.path={tiny_model_dir}", "model.preset=tiny", "data.num_train_rows=64", "data.num_val_rows=8",
-        "rollout.max_model_len=64", "rollout.sampling.num_samples_per_prompt=4",
-        "rollout.sampling.max_response_tokens=4", "rollout.sampling.seed=1", "rollout.validation_sampling.max_response_tokens=4",
-        "pipeline.num_steps=2", f"pipeline.batch_size_prompts={BATCH}", "pipeline.val_every_steps=0",
-        "pipeline.checkpoint_every_steps=1", "buffer.ledger_flush_rows=1", f"pipeline.output_dir={tmp_path / 'run'}",
-        "pipeline.resume=never", f"reward.custom_function={Path(__file__).parents[1] / 'parity_reward.py'}:compute_score",
-    ])
+    """A checkpoint every step and every finished ledger row appended to the log at once."""
+    return tiny_config(tmp_path, tiny_model_dir, "pipeline.checkpoint_every_steps=1", "buffer.ledger_flush_rows=1")
 
 
 def _log_segments(output_dir: Path) -> int:
     return len(list((output_dir / "ledger").glob("*/*.events.parquet")))
 
 
-def test_buffer_killed_mid_run_then_resumed_and_a_refused_prompt_dropped(ray_session, tmp_path, tiny_model_dir,
+def test_buffer_killed_mid_run_then_resumed_and_a_refused_prompt_dropped(warm_engines, tmp_path, tiny_model_dir,
                                                                          monkeypatch):
     import ray
 
@@ -82,7 +76,7 @@ def test_buffer_killed_mid_run_then_resumed_and_a_refused_prompt_dropped(ray_ses
     monkeypatch.setattr(RolloutRouter, "generate_refs", generate_refs_refusing_one)
     monkeypatch.setattr(colocated, "sync_weights", sync_weights_with_the_buffer_killed)
     with pytest.raises(ray.exceptions.RayActorError) as failure:
-        run_pipeline(config)
+        run_pipeline(config, warm=warm_engines)
     assert killed, f"the run ended before step 2's weight sync: {failure.value}"
     assert time.monotonic() - killed[0] < FAILS_WITHIN_S
     assert "ReplayBuffer" in str(failure.value)
@@ -90,7 +84,7 @@ def test_buffer_killed_mid_run_then_resumed_and_a_refused_prompt_dropped(ray_ses
     cut_at_step_1 = load_buffer_scalars(output_dir / "checkpoints" / "step_00000001" / "buffer")[0]["log"]
     assert _log_segments(output_dir) > cut_at_step_1["num_segments"]  # the killed run logged step 2's rows
 
-    resumed = run_pipeline(config.model_copy(update={"pipeline": config.pipeline.model_copy(update={"resume": "auto"})}))
+    resumed = run_pipeline(with_resume(config), warm=warm_engines)  # on the engines the killed run kept
     assert [h["step"] for h in resumed] == [2]
     ledger = checkpoint_ledger(output_dir)
     counts = assert_each_prompt_once(ledger)  # step 2's rows from the killed run were cut away
@@ -102,4 +96,4 @@ def test_buffer_killed_mid_run_then_resumed_and_a_refused_prompt_dropped(ray_ses
     assert [s["step"] for s in steps] == [0, 1, 2]
     assert [s["buffer/num_dropped_rollout_error"] for s in steps[1:]] == [1.0, 0.0]
     assert all(s["response_length/mean"] > 0 for s in steps[1:])  # full batches of real groups were trained
-    assert_no_leftovers(before)
+    assert_no_leftovers(before, warm=warm_engines)

@@ -13,13 +13,16 @@ from pathlib import Path
 
 import pytest
 from chaos_helpers import assert_each_prompt_once, assert_no_leftovers, checkpoint_ledger, leftover_processes
+from tiny_runs import tiny_config
 
-from rlactors.config import dump_config, load_config
+from rlactors.config import dump_config
 from rlactors.data import PromptDataset
 from rlactors.pipelines import run_pipeline
 from rlactors.trainer import checkpoint
 
-pytestmark = [pytest.mark.vllm, pytest.mark.chaos]
+# In make test: the checkpoint transaction and the ledger cut (tests/pipelines/test_checkpointing.py),
+# exact resume after a checkpoint (tests/pipelines/test_pipelines.py).
+pytestmark = [pytest.mark.vllm, pytest.mark.chaos, pytest.mark.slow]
 
 NUM_ROWS, BATCH, NUM_STEPS = 16, 4, 8  # 4 steps an epoch: the run crosses into epoch 1 at step 4
 HANG_GUARD_S = 600.0
@@ -48,17 +51,11 @@ sys.exit(main(["run", config_path]))
 
 
 def _config(tmp_path, tiny_model_dir):
-    return load_config(None, [
-        f"model.path={tiny_model_dir}", "model.preset=tiny", f"data.num_train_rows={NUM_ROWS}", "data.num_val_rows=4",
-        "rollout.max_model_len=64", "rollout.sampling.num_samples_per_prompt=4",
-        "rollout.sampling.max_response_tokens=4", "rollout.sampling.seed=1",
-        "rollout.validation_sampling.max_response_tokens=4", "pipeline.mode=async",
-        "buffer.staleness_threshold=1.0", "buffer.max_staleness=1",  # the producer runs a batch ahead
-        f"pipeline.num_steps={NUM_STEPS}", f"pipeline.batch_size_prompts={BATCH}", "pipeline.val_every_steps=0",
-        "pipeline.checkpoint_every_steps=2", "pipeline.keep_checkpoints=2",
-        f"pipeline.output_dir={tmp_path / 'run'}", "pipeline.resume=auto",
-        f"reward.custom_function={Path(__file__).parents[1] / 'parity_reward.py'}:compute_score",
-    ])
+    return tiny_config(tmp_path, tiny_model_dir, f"data.num_train_rows={NUM_ROWS}", "data.num_val_rows=4",
+                       "pipeline.mode=async", "buffer.staleness_threshold=1.0",
+                       "buffer.max_staleness=1",  # the producer runs a batch ahead
+                       f"pipeline.num_steps={NUM_STEPS}", f"pipeline.batch_size_prompts={BATCH}",
+                       "pipeline.checkpoint_every_steps=2", "pipeline.keep_checkpoints=2", "pipeline.resume=auto")
 
 
 def _latest(root: Path) -> str | None:

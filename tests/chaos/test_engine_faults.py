@@ -17,32 +17,29 @@ import os
 import re
 import signal
 import time
-from pathlib import Path
 
 import pytest
 from chaos_helpers import assert_each_prompt_once, assert_no_leftovers, checkpoint_ledger, leftover_processes
+from tiny_runs import tiny_config
 
-from rlactors.config import load_config
 from rlactors.pipelines import run_pipeline
 
-pytestmark = [pytest.mark.vllm, pytest.mark.chaos, pytest.mark.timeout(900)]
+# Engines killed: each scenario pays for its own (a colocated engine killed mid-run is in make test:
+# tests/pipelines/test_pipelines.py; the router's part of each at its level: tests/rollout/test_router.py).
+# In make test: killed, hung and lost replicas under the router (tests/rollout/test_router.py), a crash
+# mid-sync (tests/weight_sync/test_transports.py), a run with a crashed engine (tests/pipelines/test_pipelines.py).
+pytestmark = [pytest.mark.vllm, pytest.mark.chaos, pytest.mark.slow, pytest.mark.timeout(900)]
 
-BATCH, NUM_STEPS = 4, 2
+BATCH, NUM_STEPS = 4, 2  # tiny_config's pipeline.batch_size_prompts
 RESPONSE_TOKENS = 40  # long enough that a kill while samples are in flight lands before they finish
 IN_FLIGHT_WAIT_S = 120.0  # after a weight publish the producer generates the next batch at once
 
 
 def _config(tmp_path, tiny_model_dir, *overrides):
-    return load_config(None, [
-        f"model.path={tiny_model_dir}", "model.preset=tiny", "data.num_train_rows=32", "data.num_val_rows=4",
-        "rollout.max_model_len=96", "rollout.sampling.num_samples_per_prompt=4",
-        f"rollout.sampling.max_response_tokens={RESPONSE_TOKENS}", "rollout.sampling.ignore_eos=true", "rollout.sampling.seed=1",
-        "rollout.validation_sampling.max_response_tokens=4", f"pipeline.num_steps={NUM_STEPS}",
-        f"pipeline.batch_size_prompts={BATCH}", "pipeline.val_every_steps=0",
-        f"pipeline.checkpoint_every_steps={NUM_STEPS}", f"pipeline.output_dir={tmp_path / 'run'}",
-        "pipeline.resume=never", f"reward.custom_function={Path(__file__).parents[1] / 'parity_reward.py'}:compute_score",
-        *overrides,
-    ])
+    return tiny_config(tmp_path, tiny_model_dir, "data.num_train_rows=32", "data.num_val_rows=4",
+                       "rollout.max_model_len=96", f"rollout.sampling.max_response_tokens={RESPONSE_TOKENS}",
+                       "rollout.sampling.ignore_eos=true", f"pipeline.num_steps={NUM_STEPS}",
+                       f"pipeline.checkpoint_every_steps={NUM_STEPS}", *overrides)
 
 
 def _capture_routers(monkeypatch) -> list:
@@ -124,7 +121,6 @@ def test_engine_sigkilled_mid_step_in_async_mode_with_partial_rollouts(ray_sessi
     assert_no_leftovers(before)
 
 
-@pytest.mark.ci_only  # two vLLM starts; the no-live-engine error itself: tests/rollout/test_router.py
 def test_the_only_engine_killed_twice_stops_the_run_naming_it(ray_session, tmp_path, tiny_model_dir, monkeypatch):
     """Killed once after it started (Ray restarts it; the first generation waits for it, or meets
     the restarted actor), then at the first weight sync (no restart left): the next generation
@@ -162,7 +158,6 @@ def test_the_only_engine_killed_twice_stops_the_run_naming_it(ray_session, tmp_p
     assert_no_leftovers(before)
 
 
-@pytest.mark.ci_only  # a second cluster and two engines; a dead replica's prompts re-sent: test_router.py
 def test_a_node_removed_under_its_engine(ray_session, tiny_model_dir):
     import ray
     from conftest import start_local_ray

@@ -18,7 +18,7 @@ import pytest
 import ray
 from chaos_helpers import assert_each_prompt_once, assert_no_leftovers, checkpoint_ledger, leftover_processes
 from conftest import start_local_ray
-from pipelines.test_pipelines import tiny_config
+from tiny_runs import tiny_config
 
 from rlactors.config import RolloutConfig, SamplingConfig
 from rlactors.types import PromptRequest
@@ -84,7 +84,7 @@ MISSING_TENSOR_ERROR = "Following weights were not initialized from checkpoint: 
 # ------------------------------------------------------------------ start-up failures (the suite's Ray)
 
 
-@pytest.mark.ci_only  # the same failure, end to end through build_run, is in make test
+@pytest.mark.slow  # the same failure, end to end through build_run, is in make test
 def test_a_start_failure_in_vllms_worker_carries_vllms_own_message(ray_session, tmp_path, tiny_model_dir):
     from rlactors.rollout.engine import create_engine
 
@@ -138,10 +138,12 @@ def test_a_run_whose_engine_cannot_start_fails_before_training_with_vllms_messag
 # ------------------------------------------------------------------ the engine core killed in a run
 
 
-def test_a_run_goes_on_when_only_the_engine_core_is_sigkilled(ray_session, tmp_path, tiny_model_dir, monkeypatch):
+@pytest.mark.slow  # the core killed under a router: tests/rollout/test_router.py, tests/weight_sync/test_transports.py
+def test_a_run_goes_on_when_only_the_engine_core_is_sigkilled(warm_engines, tmp_path, tiny_model_dir, monkeypatch):
     """Kill the engine-core process right before step 2 generates: its generate fails with
     EngineDeadError, the router restarts the replica and re-sends the prompts, every step trains
-    a full batch, and nothing is left afterwards."""
+    a full batch, and nothing is left afterwards (the engine, taken from the warm ones if they
+    match, is not kept: a replica failed)."""
     from rlactors.pipelines import run_pipeline
     from rlactors.rollout.router import RolloutRouter
 
@@ -149,10 +151,11 @@ def test_a_run_goes_on_when_only_the_engine_core_is_sigkilled(ray_session, tmp_p
     config = tiny_config(tmp_path, tiny_model_dir, "pipeline.num_steps=3", "pipeline.checkpoint_every_steps=3")
     metrics_file = tmp_path / "run" / "metrics.jsonl"
     killed = []
-    create = RolloutRouter.create.__func__
 
-    def create_with_a_fault(cls, *args, **kwargs):
-        router = create(cls, *args, **kwargs)
+    over = RolloutRouter.over.__func__  # every router of a run: over the engines it started or took
+
+    def over_with_a_fault(cls, *args, **kwargs):
+        router = over(cls, *args, **kwargs)
         generate_refs = router.generate_refs
 
         def kill_the_core_before_step_2(*call_args, **call_kwargs):
@@ -167,14 +170,15 @@ def test_a_run_goes_on_when_only_the_engine_core_is_sigkilled(ray_session, tmp_p
         router.generate_refs = kill_the_core_before_step_2
         return router
 
-    monkeypatch.setattr(RolloutRouter, "create", classmethod(create_with_a_fault))
-    history = run_pipeline(config)
+    monkeypatch.setattr(RolloutRouter, "over", classmethod(over_with_a_fault))
+    history = run_pipeline(config, warm=warm_engines)
     assert killed, "the engine core was never killed"
     assert [h["step"] for h in history] == [0, 1, 2, 3]
     assert all(h["response_length/mean"] > 0 for h in history[1:])
     assert history[-1]["policy_version"] == 3
     counts = assert_each_prompt_once(checkpoint_ledger(tmp_path / "run"))
     assert counts["trained"] == 3 * 4 and counts["dropped"] == 0, counts  # 3 full batches of 4 prompts
+    assert warm_engines.kept is None
     assert_no_leftovers(before)
 
 
@@ -197,6 +201,7 @@ def ray_without_group_cleanup():
         start_local_ray()
 
 
+@pytest.mark.slow  # the plugin's watch itself, without vLLM: tests/rollout/test_vllm_plugin.py
 def test_vllm_processes_die_with_a_sigkilled_engine_actor(ray_without_group_cleanup, tiny_model_dir):
     from rlactors.rollout.engine import create_engine
 
@@ -214,7 +219,7 @@ def test_vllm_processes_die_with_a_sigkilled_engine_actor(ray_without_group_clea
         kill_all(children)  # only if the test failed
 
 
-@pytest.mark.ci_only  # a run through a dead engine core is in make test
+@pytest.mark.slow  # the core killed under a router: tests/rollout/test_router.py, tests/weight_sync/test_transports.py
 def test_a_dead_engine_core_fails_every_call_promptly(ray_without_group_cleanup, tiny_model_dir):
     """SIGKILL only the engine core while a generate runs and a sleep waits on it (it waits for
     in-flight requests): both fail with EngineDeadError instead of hanging, so does every later

@@ -12,7 +12,8 @@ from ray._private.ray_constants import OBJECT_STORE_MINIMUM_MEMORY_BYTES
 from rlactors.config import load_config
 from rlactors.pipelines import run_pipeline
 
-pytestmark = [pytest.mark.vllm, pytest.mark.chaos]
+# A Ray of its own. In make test: every transport on the suite's Ray (tests/weight_sync, tests/pipelines).
+pytestmark = [pytest.mark.vllm, pytest.mark.chaos, pytest.mark.slow]
 
 
 @pytest.fixture

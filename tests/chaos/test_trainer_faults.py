@@ -12,34 +12,29 @@ from pathlib import Path
 
 import pytest
 from chaos_helpers import assert_each_prompt_once, assert_no_leftovers, checkpoint_ledger, leftover_processes
+from tiny_runs import tiny_config, with_resume
 
-from rlactors.config import load_config
 from rlactors.pipelines import build, run_pipeline
 from rlactors.trainer.group import TrainerGroup
 from rlactors.trainer.ranks import TrainerRankError
 
 pytestmark = [pytest.mark.vllm, pytest.mark.chaos]
 
-NUM_STEPS, BATCH = 3, 4
+NUM_STEPS, BATCH = 3, 4  # BATCH: tiny_config's pipeline.batch_size_prompts
 
 
 def _config(tmp_path, tiny_model_dir, *overrides):
-    return load_config(None, [
-        f"model.path={tiny_model_dir}", "model.preset=tiny", "data.num_train_rows=16", "data.num_val_rows=4",
-        "rollout.max_model_len=64", "rollout.sampling.num_samples_per_prompt=4",
-        "rollout.sampling.max_response_tokens=4", "rollout.sampling.seed=1",
-        "rollout.validation_sampling.max_response_tokens=4",
-        # 3 CPUs of the suite's 4: the engine and rank 0 share a bundle, rank 1 has its own.
-        "trainer.num_workers=2",
-        # A hang guard only: a rank failure must surface at once, not after a collective times out.
-        "trainer.collective_timeout_s=300",
-        f"pipeline.num_steps={NUM_STEPS}", f"pipeline.batch_size_prompts={BATCH}", "pipeline.val_every_steps=0",
-        "pipeline.checkpoint_every_steps=1", f"pipeline.output_dir={tmp_path / 'run'}",
-        f"reward.custom_function={Path(__file__).parents[1] / 'parity_reward.py'}:compute_score", *overrides,
-    ])
+    return tiny_config(tmp_path, tiny_model_dir, "data.num_train_rows=16", "data.num_val_rows=4",
+                       # 3 CPUs of the suite's 4: the engine and rank 0 share a bundle, rank 1 has its own.
+                       "trainer.num_workers=2",
+                       # A hang guard only: a rank failure must surface at once, not after a collective times out.
+                       "trainer.collective_timeout_s=300",
+                       f"pipeline.num_steps={NUM_STEPS}", "pipeline.checkpoint_every_steps=1", *overrides)
 
 
-def test_sigkill_of_trainer_rank_1_mid_update_then_resume(ray_session, tmp_path, tiny_model_dir, monkeypatch):
+@pytest.mark.slow  # the rank's death at the group's level: tests/trainer/test_trainer_group.py
+def test_sigkill_of_trainer_rank_1_mid_update_then_resume(warm_engines, tmp_path, tiny_model_dir, monkeypatch):
+    """The engines outlive the trainer's failure: kept, and the resumed run starts on them."""
     config = _config(tmp_path, tiny_model_dir, "pipeline.resume=never")
     latest = Path(config.pipeline.output_dir) / "checkpoints" / "latest"
     killed = []
@@ -64,17 +59,20 @@ def test_sigkill_of_trainer_rank_1_mid_update_then_resume(ray_session, tmp_path,
     monkeypatch.setattr(TrainerGroup, "update_policy", update_policy_with_rank_1_killed)
     before = leftover_processes()
     with pytest.raises(TrainerRankError, match=r"actor rank 1 failed in update_policy: its process died"):
-        run_pipeline(config)
+        run_pipeline(config, warm=warm_engines)
     assert killed and latest.read_text().strip() == "step_00000001"
-    assert_no_leftovers(before)
+    assert warm_engines.kept is not None
+    assert_no_leftovers(before, warm=warm_engines)
 
     monkeypatch.setattr(TrainerGroup, "update_policy", update_policy)
-    resumed = run_pipeline(config.model_copy(update={"pipeline": config.pipeline.model_copy(update={"resume": "auto"})}))
+    num_taken = warm_engines.num_taken
+    resumed = run_pipeline(with_resume(config), warm=warm_engines)
+    assert warm_engines.num_taken == num_taken + 1
     assert [h["step"] for h in resumed] == [2, 3]
     assert latest.read_text().strip() == "step_00000003"
     counts = assert_each_prompt_once(checkpoint_ledger(config.pipeline.output_dir))
     assert counts["trained"] == NUM_STEPS * BATCH
-    assert_no_leftovers(before)
+    assert_no_leftovers(before, warm=warm_engines)
 
 
 class _BuilderThatFailsToStart:
@@ -90,12 +88,14 @@ class _BuilderThatFailsToStart:
         raise RuntimeError("batch builder failed to start")
 
 
-def test_a_run_whose_start_fails_leaves_no_actor(ray_session, tmp_path, tiny_model_dir, monkeypatch):
+def test_a_run_whose_start_fails_leaves_no_actor(warm_engines, tmp_path, tiny_model_dir, monkeypatch):
+    """Engines taken from the warm ones (if they match) are the run's: stopped with the rest."""
     monkeypatch.setattr(build, "BatchBuilder", _BuilderThatFailsToStart)
     before = leftover_processes()
     # The error is kept, as a notebook keeps its last traceback: its frames hold the handles of what
     # was started, so Ray's reference counting does not stop those actors; only the teardown does.
     with pytest.raises(RuntimeError, match="batch builder failed to start") as failure:
-        run_pipeline(_config(tmp_path, tiny_model_dir, "pipeline.resume=never"))
+        run_pipeline(tiny_config(tmp_path, tiny_model_dir), warm=warm_engines)
+    assert warm_engines.kept is None
     assert_no_leftovers(before)
     assert failure.value.__traceback__ is not None

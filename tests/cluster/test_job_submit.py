@@ -21,6 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from test_logs import assert_prints_little_and_logs_everything
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RAY_BIN = str(Path(sys.executable).parent / "ray")
@@ -204,9 +205,10 @@ def test_quickstart_runs_as_a_submitted_job(ray_head, tmp_path, tiny_model_dir):
         "rollout.validation_sampling.max_response_tokens=4", "pipeline.num_steps=2", "pipeline.batch_size_prompts=4",
         "pipeline.val_every_steps=0", "pipeline.resume=never", f"pipeline.output_dir={output_dir}",
     ]
-    submit_and_wait(ray_head, [PYTHON, "-m", "rlactors", "run", "examples/quickstart_cpu.yaml", *overrides])
+    logs = submit_and_wait(ray_head, [PYTHON, "-m", "rlactors", "run", "examples/quickstart_cpu.yaml", *overrides])
     lines = (output_dir / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [0, 1, 2]
+    assert_prints_little_and_logs_everything(logs, output_dir, num_steps=2)  # what `ray job logs` shows
 
     # A job imports the uploaded package (unpacked under the head's temp dir), not the installed one.
     logs = submit_and_wait(ray_head, [PYTHON, "-c", "import rlactors; print('rlactors from', rlactors.__file__)"])

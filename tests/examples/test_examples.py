@@ -13,10 +13,12 @@ HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.vllm
 
 # What turns a GPU-sized example into a 2-step CPU run on the tiny model; algorithm settings stay.
+# (`gpu_memory_utilization` is only the share of memory vLLM checks is free on CPU: one value for all
+# lets the examples whose other engine settings agree share their engines, `warm_engines`.)
 TINY = [
     "model.preset=tiny", "model.dtype=auto", "data.train_files=[]", "data.val_files=[]", "data.num_train_rows=64",
     "data.num_val_rows=4", "data.max_prompt_tokens=256", "rollout.num_engines=1", "rollout.tensor_parallel_size=1",
-    "rollout.enforce_eager=true", "rollout.max_model_len=320", "rollout.sampling.max_response_tokens=8",
+    "rollout.enforce_eager=true", "rollout.max_model_len=320", "rollout.gpu_memory_utilization=0.5", "rollout.sampling.max_response_tokens=8",
     "rollout.sampling.num_samples_per_prompt=2", "rollout.validation_sampling.max_response_tokens=8",
     "rollout.sampling.seed=0", "reward.num_workers=1", "reward.overlong.buffer_tokens=4", "trainer.num_workers=1",
     "trainer.max_tokens_per_micro_batch=4096", "pipeline.num_steps=2", "pipeline.batch_size_prompts=2",
@@ -35,15 +37,25 @@ PER_EXAMPLE = {
 }
 
 
+# In make test: DAPO async with dynamic sampling, PPO with a critic. The others differ from these in
+# settings other runs of make test check: GRPO colocated with a KL loss on a reference trainer
+# (tests/pipelines/test_algorithm_options.py, tests/pipelines/test_pipelines.py), GSPO's and CISPO's
+# policy losses (test_algorithm_options.py, tests/trainer/test_policy_objective.py), and the
+# quickstart, which tests/cluster/test_job_submit.py runs as a submitted job.
+SLOW = {"gsm8k_grpo_qwen3_8b.yaml", "gsm8k_gspo_qwen3_8b.yaml", "math_cispo_qwen2.5_math_7b.yaml",
+        "quickstart_cpu.yaml"}
+
+
 def test_every_example_config_is_covered():
     assert {p.name for p in EXAMPLES.glob("*.yaml")} == set(PER_EXAMPLE)
 
 
-@pytest.mark.parametrize("name", sorted(PER_EXAMPLE))
-def test_example_runs_two_steps(ray_session, tmp_path, tiny_model_dir, name):
+@pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.slow] if name in SLOW else [])
+                                  for name in sorted(PER_EXAMPLE)])
+def test_example_runs_two_steps(warm_engines, tmp_path, tiny_model_dir, name):
     config = load_config(EXAMPLES / name, TINY + PER_EXAMPLE[name] + [
         f"model.path={tiny_model_dir}", f"pipeline.output_dir={tmp_path}"])
-    history = run_pipeline(config)
+    history = run_pipeline(config, warm=warm_engines)
     assert [h["step"] for h in history] == [0, 1, 2]
     assert all(name in history[-1] for name in ("reward/mean", "actor/pg_loss", "timing_s/step"))
     if config.algorithm.advantage == "gae":
@@ -68,6 +80,7 @@ Path(os.environ["RLACTORS_NOTEBOOK_OUTPUT"], "checks.json").write_text(json.dump
 """
 
 
+@pytest.mark.slow  # a kernel of its own; the calls it makes are those of tests/pipelines' runs
 def test_notebook_executes_and_shows_real_values(ray_session, tmp_path, monkeypatch):
     import json
     import math

@@ -1,12 +1,15 @@
-"""Every algorithm option of `rlactors.algorithms` end to end: 2 steps of the real stack on the tiny
-model per case. Each case combines one policy loss with one advantage estimator and one KL or
-rollout-correction setting, so every new option runs once (GSPO and CISPO also run as shipped
-examples, `tests/examples`). Each run starts its own engine (~35 s on 2 cores)."""
+"""Algorithm options through the real stack, several per run: 2 steps on the tiny model each. That
+every config name reaches its function is tested without Ray (tests/trainer/test_policy_objective.py
+for policy losses, tests/pipelines/test_batch_builder.py for advantage estimators and the decoupled
+correction, tests/algorithms for the maths); these runs show the options train together end to end:
+the old-logprob pass where a correction asks for it and none in bypass mode, ReMax's greedy baseline
+generated and used, a KL loss with a reference trainer, several mini-batches, async staleness.
+GSPO and CISPO also run as shipped examples (tests/examples)."""
 
 import math
 
 import pytest
-from test_pipelines import tiny_config
+from tiny_runs import tiny_config
 
 from rlactors.pipelines import run_pipeline
 
@@ -14,39 +17,31 @@ pytestmark = pytest.mark.vllm
 
 CORRECTION = "algorithm.rollout_correction."
 CASES = {
-    "sapo+reinforce_plus_plus_baseline+token_tis": [
-        "algorithm.policy_loss=sapo", "algorithm.advantage=reinforce_plus_plus_baseline",
-        f"{CORRECTION}importance_level=token"],
+    # On the engines of tests/pipelines' plain colocated runs (the same engine settings and plan).
     "geo_mean+opo+sequence_icepop": [
         "algorithm.policy_loss=geo_mean", "algorithm.advantage=opo", f"{CORRECTION}importance_level=sequence",
         f"{CORRECTION}importance_threshold=5.0", f"{CORRECTION}importance_threshold_lower=0.2"],
-    "gpg+gpg+k1_straight_through": [
-        "algorithm.policy_loss=gpg", "algorithm.advantage=gpg", "algorithm.use_kl_loss=true",
-        "algorithm.kl_loss_type=k1+"],
-    "clip_cov+grpo_passk+k3_straight_through": [
-        "algorithm.policy_loss=clip_cov", "algorithm.clip_cov_ratio=0.2", "algorithm.clip_cov_lower=-10",
-        "algorithm.advantage=grpo_passk", "algorithm.use_kl_loss=true", "algorithm.kl_loss_type=k3+"],
-    "kl_cov+remax": ["algorithm.policy_loss=kl_cov", "algorithm.kl_cov_ratio=0.2", "algorithm.advantage=remax"],
-    "dppo_tv+reinforce_plus_plus+chained_rejection": [
-        "algorithm.policy_loss=dppo_tv", "algorithm.advantage=reinforce_plus_plus",
-        f"{CORRECTION}rejection=token_k1,seq_mean_k3", f"{CORRECTION}rejection_threshold='0.1_10,5.0'"],
+    "bypass_reinforce+grpo_passk+rejection+two_mini_batches": [
+        f"{CORRECTION}bypass_mode=true", f"{CORRECTION}loss_type=reinforce", f"{CORRECTION}importance_level=token",
+        f"{CORRECTION}rejection=seq_max_k2", f"{CORRECTION}rejection_threshold=20.0", "algorithm.advantage=grpo_passk",
+        "trainer.num_mini_batches=2"],
+    # ReMax adds a greedy sample to each group (the batch builder refuses a ReMax batch without it), a
+    # KL loss a reference trainer: engines of their own.
+    "sapo+remax+token_tis+chained_rejection+k3_straight_through": [
+        "algorithm.policy_loss=sapo", "algorithm.advantage=remax", f"{CORRECTION}importance_level=token",
+        f"{CORRECTION}rejection=token_k1,seq_mean_k3", f"{CORRECTION}rejection_threshold='0.1_10,5.0'",
+        "algorithm.use_kl_loss=true", "algorithm.kl_loss_type=k3+"],
     "dppo_kl+rloo+normalized_weights_async": [
         "algorithm.policy_loss=dppo_kl", "algorithm.advantage=rloo", f"{CORRECTION}importance_level=token",
-        f"{CORRECTION}batch_normalize=true", "pipeline.mode=async", "buffer.max_staleness=1",
-        "buffer.staleness_threshold=1.0"],
-    "bypass_ppo_clip+rejection": [
-        f"{CORRECTION}bypass_mode=true", f"{CORRECTION}importance_level=token",
-        f"{CORRECTION}rejection=seq_max_k2", f"{CORRECTION}rejection_threshold=20.0"],
-    "bypass_reinforce+two_mini_batches": [
-        f"{CORRECTION}bypass_mode=true", f"{CORRECTION}loss_type=reinforce", f"{CORRECTION}importance_level=token",
-        "trainer.num_mini_batches=2"],
+        f"{CORRECTION}batch_normalize=true", "pipeline.mode=async", "rollout.partial_rollout=true",
+        "buffer.max_staleness=1", "buffer.staleness_threshold=1.0"],
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_an_algorithm_option_trains_two_steps(ray_session, tmp_path, tiny_model_dir, case):
+@pytest.mark.parametrize("case", list(CASES))
+def test_algorithm_options_train_two_steps_together(warm_engines, tmp_path, tiny_model_dir, case):
     config = tiny_config(tmp_path, tiny_model_dir, *CASES[case])
-    history = run_pipeline(config)
+    history = run_pipeline(config, warm=warm_engines)
     assert [h["step"] for h in history] == [0, 1, 2]
     last = history[-1]
     assert math.isfinite(last["actor/pg_loss"]) and last["actor/num_optimizer_steps"] >= 2, last

@@ -5,6 +5,7 @@ import time
 
 import pytest
 import ray
+from conftest import actor_gone
 
 from rlactors.pipelines.teardown import Part, stop_all
 
@@ -21,19 +22,6 @@ class Stoppable:
         return "stopped"
 
 
-def _dead(actor, timeout_s: float = 30.0) -> bool:
-    """Whether the actor is gone within `timeout_s`: `ray.kill` is asynchronous, and an idle actor
-    may still answer a call sent just after it."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            ray.get(actor.__ray_ready__.remote(), timeout=timeout_s)
-        except ray.exceptions.RayActorError:
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def _parts():
     hung, failing, fine = Stoppable.remote(), Stoppable.remote(), Stoppable.remote()
     ray.get([a.__ray_ready__.remote() for a in (hung, failing, fine)])
@@ -48,7 +36,7 @@ def test_every_part_is_stopped_and_the_failures_named_after(ray_session):
     with pytest.raises(RuntimeError, match=r"hung part: TimeoutError: did not stop within 2 s; "
                                            r"failing part: ValueError: cannot stop"):
         stop_all(parts, timeout_s=2)
-    assert all(_dead(actor) for actor in actors)
+    assert all(actor_gone(actor) for actor in actors)
 
 
 def test_an_error_on_its_way_stays_the_one_raised_with_a_note(ray_session):
@@ -59,4 +47,4 @@ def test_an_error_on_its_way_stays_the_one_raised_with_a_note(ray_session):
         finally:
             stop_all(parts, timeout_s=2)
     assert any("hung part" in note and "failing part" in note for note in failure.value.__notes__)
-    assert all(_dead(actor) for actor in actors)
+    assert all(actor_gone(actor) for actor in actors)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import torch
-from conftest import reference_greedy  # noqa: F401  (the rollout tests' import point)
+from conftest import reference_greedy, send_weights  # noqa: F401  (the rollout tests' import point)
 
 from rlactors.types import PromptRequest
 
@@ -30,26 +30,12 @@ def reference_logprobs(model, prompt_ids, response_ids, temperature):
 
 
 def perturb_and_send(engine, model, policy_version, seed, transport="shm", verify=True):
-    """Add noise to the transformers weights and send them to the engine (a RolloutEngine, or a
-    router) over `transport`, in buckets of half the model, through vLLM's weight-transfer API."""
-    from rlactors.weight_sync.choice import WeightSyncSettings
-    from rlactors.weight_sync.sender import WeightSender
-
+    """Add noise to the transformers weights and send them to the engine (`send_weights`)."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
-    # What a trainer sends: a tied lm_head is the embedding and is not sent on its own.
-    tied = model.config.tie_word_embeddings
-    state = [(n, t) for n, t in model.state_dict().items() if not (tied and n == "lm_head.weight")]
-    total_bytes = sum(t.numel() * t.element_size() for _, t in state)
-    bucket_bytes = total_bytes // 2 + 1
-    if hasattr(engine, "engines"):
-        return engine.update_weights(state, policy_version, transport, bucket_bytes, verify=verify), total_bytes
-    settings = WeightSyncSettings(transport, bucket_bytes, None, call_timeout_s=300.0, verify=verify)
-    stats = WeightSender(rank=0).send(lambda: iter(state), {0: (engine, 0)}, policy_version, settings)
-    assert stats["num_buckets"] >= 2 and not stats["failed"]
-    return stats, total_bytes
+    return send_weights(engine, model, policy_version, transport, verify)
 
 
 def wait_until_generating(engine):

@@ -1,4 +1,5 @@
-"""RolloutEngine against real vLLM (CPU) and a transformers reference: one engine for the module."""
+"""RolloutEngine against real vLLM (CPU) and a transformers reference, on the rollout tests' shared
+engine (`engine` in tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from rollout_helpers import (
     wait_until_generating,
 )
 
-from rlactors.config import RolloutConfig, SamplingConfig
+from rlactors.config import SamplingConfig
 from rlactors.types import PromptRequest
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
@@ -23,22 +24,14 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 LONG_TOKENS = 220  # long enough that a response is still being generated when we interrupt it
 
 
-@pytest.fixture(scope="module")
-def engine(ray_session, tiny_model_dir):
-    import ray
-
-    from rlactors.rollout.engine import create_engine
-
-    config = RolloutConfig(partial_rollout=True, on_abort="resume", max_model_len=256)
-    handle = create_engine(str(tiny_model_dir), config)
-    ray.get(handle.ready.remote())
-    yield handle
-    ray.kill(handle)
-
-
-def test_logprobs_match_transformers_forward(engine, reference):
+def test_greedy_and_logprobs_match_transformers_forward(engine, reference):
     model, tokenizer = reference
     version = _version(engine)
+    greedy = SamplingConfig(num_samples_per_prompt=1, temperature=0.0, max_response_tokens=24, ignore_eos=True)
+    texts = ["12+34=", "Simplify 6/8."]
+    for group in collect(engine, prompts(tokenizer, texts), greedy):
+        text = texts[int(group.prompt_id[1:])]
+        assert group.samples[0].response_token_ids == reference_greedy(model, tokenizer.encode(text), 24), text
     requests = prompts(tokenizer, ["12+34=", "hello", "7*8="])
     for temperature in (1.0, 0.7):
         sampling = SamplingConfig(num_samples_per_prompt=2, temperature=temperature, max_response_tokens=24, seed=1)

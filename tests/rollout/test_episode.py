@@ -1,4 +1,6 @@
-"""Multi-turn episodes in a real RolloutEngine (vLLM on CPU), against a transformers forward."""
+"""Multi-turn episodes in a real RolloutEngine (vLLM on CPU), against a transformers forward, on the
+rollout tests' shared engine (`engine` in tests/conftest.py: at most 3 turns of 8 tokens, 2 s per
+environment step); each request names its environment."""
 
 from __future__ import annotations
 
@@ -7,9 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from rollout_helpers import collect, perturb_and_send, reference_logprobs, wait_until_generating
+from rollout_helpers import (
+    collect,
+    perturb_and_send,
+    reference_logprobs,
+    wait_until_generating,
+)
 
-from rlactors.config import EnvironmentConfig, RolloutConfig, SamplingConfig
+from rlactors.config import SamplingConfig
 from rlactors.types import PromptRequest
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
@@ -22,23 +29,10 @@ def spec(name: str) -> str:
     return f"{ENVIRONMENTS}:{name}"
 
 
-@pytest.fixture(scope="module")
-def engine(ray_session, tiny_model_dir):
-    import ray
-
-    from rlactors.rollout.engine import create_engine
-
-    environment = EnvironmentConfig(name=spec("Scripted"), max_turns=3, max_turn_tokens=TURN_TOKENS,
-                                    step_timeout_s=2.0)
-    config = RolloutConfig(partial_rollout=True, on_abort="resume", max_model_len=256, environment=environment)
-    handle = create_engine(str(tiny_model_dir), config)
-    ray.get(handle.ready.remote())
-    yield handle
-    ray.kill(handle)
-
-
 def requests_for(tokenizer, texts, **extra_info):
-    return [PromptRequest(f"p{i}", tokenizer.encode(text), extra_info=dict(extra_info)) for i, text in enumerate(texts)]
+    """Episodes of the scripted environment (`extra_info` goes to it)."""
+    return [PromptRequest(f"p{i}", tokenizer.encode(text), extra_info={"environment": spec("Scripted"), **extra_info})
+            for i, text in enumerate(texts)]
 
 
 def segments(mask: list[int]) -> list[tuple[int, int, int]]:

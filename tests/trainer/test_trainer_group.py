@@ -303,7 +303,7 @@ def test_a_collective_past_the_timeout_raises_on_the_waiting_rank(ray_session, t
     """trainer.collective_timeout_s bounds a collective: rank 1 stuck elsewhere (alive, so nothing
     failed), rank 0's first all-gather raises after the timeout; the group names rank 0's error and
     rank 1 as not done, and kills both."""
-    group = TrainerGroup("reference", tiny_model_dir, trainer_config(num_workers=2, collective_timeout_s=20))
+    group = TrainerGroup("reference", tiny_model_dir, trainer_config(num_workers=2, collective_timeout_s=8))
     workers = list(group.workers)
     _hold(workers[1])
     try:
