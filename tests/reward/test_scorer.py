@@ -73,9 +73,11 @@ def alive(pid: int) -> bool:
 
 @pytest.fixture(scope="module")
 def pool(ray_session):
-    # max 8 tokens, the last 4 penalized; test texts have len(text) + 1 tokens.
+    # max 8 tokens, the last 4 penalized; test texts have len(text) + 1 tokens. The time limit is
+    # generous: a scorer's first MATH call imports its parser, which on a loaded machine can pass the
+    # default 5 s and turn a scoring check into a timeout (timeouts: user_pool, 1 s, below).
     config = RewardConfig(
-        num_workers=2, overlong=OverlongConfig(enable=True, buffer_tokens=4, penalty_factor=1.0)
+        num_workers=2, timeout_s=60.0, overlong=OverlongConfig(enable=True, buffer_tokens=4, penalty_factor=1.0)
     )
     pool = RewardPool(config, max_response_tokens=8)
     yield pool
