@@ -7,9 +7,11 @@ FORBIDDEN := torchvision torchaudio torchcodec
 
 .PHONY: demo test test-slow lint lock clean-venv
 
+# --no-compile: pip would byte-compile every installed file (half the install time); Python compiles
+# what is imported, once, on first use.
 $(STAMP): requirements/cpu.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -r requirements/cpu.lock
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-compile -r requirements/cpu.lock
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	@$(PY) -m pip uninstall --quiet -y $(FORBIDDEN) 2>/dev/null || true
 	$(PY) -c "import importlib.util as u, sys; bad = [m for m in '$(FORBIDDEN)'.split() if u.find_spec(m)]; sys.exit(f'must not be installed: {bad}' if bad else 0)"
