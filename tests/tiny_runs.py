@@ -53,3 +53,40 @@ MEASURED_PREFIXES = ("timing_s/", "throughput/", "weight_sync/bytes_per_s", "mem
 def computed(step: dict) -> dict:
     """A step's metrics without the measured ones: equal between runs that train alike."""
     return {name: value for name, value in step.items() if not name.startswith(MEASURED_PREFIXES)}
+
+
+def record_scored_batches(monkeypatch) -> list:
+    """[(num_score_errors, groups)] of every trained batch, as `RewardPool.check_step` sees them in
+    the driver (observed, not changed)."""
+    import ray
+
+    from rlactors.reward.scorer import RewardPool
+
+    batches = []
+    check_step = RewardPool.check_step
+
+    def recording(self, num_samples, num_score_errors, groups_ref):
+        batches.append((num_score_errors, ray.get(groups_ref)))
+        return check_step(self, num_samples, num_score_errors, groups_ref)
+
+    monkeypatch.setattr(RewardPool, "check_step", recording)
+    return batches
+
+
+def record_published_weights(monkeypatch) -> dict:
+    """{policy_version: the actor's HF-named weights} of every publish of a run (read from the
+    actor group as the driver publishes them)."""
+    import ray
+
+    from rlactors.pipelines import common
+
+    published = {}
+    publish = common.publish_weights
+
+    def recording(run):
+        refs, _ = run.actor.export_weights()
+        published[run.policy_version] = {name: tensor for bucket in ray.get(refs) for name, tensor in bucket}
+        return publish(run)
+
+    monkeypatch.setattr(common, "publish_weights", recording)
+    return published

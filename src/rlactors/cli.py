@@ -8,6 +8,7 @@
     export CHECKPOINT OUT [--model M] a saved checkpoint's actor as a Hugging Face folder at OUT
     plot METRICS.jsonl [-o OUT.png]   draw a metrics file
     smoke                             build the tiny model and generate through vLLM once
+    check-vllm                        what the installed vLLM offers the rollout engine; exit 1 if it lacks a call
     plan CONFIG.yaml [key=value ...]  where every role runs, memory per device, whether it fits
          [--nodes N --devices-per-node G] [--cpus-per-node C] [--device-memory-gib M] [--json]
     config [CONFIG.yaml] [key=value]  print the resolved configuration as YAML
@@ -86,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     plot.add_argument("metrics")
     plot.add_argument("-o", "--output", default=None)
     commands.add_parser("smoke", help="tiny model through vLLM once")
+    commands.add_parser("check-vllm", help="what the installed vLLM offers the rollout engine; exit 1 if it lacks a call")
     show = commands.add_parser("config", help="print the resolved configuration")
     show.add_argument("config", nargs="?")
     show.add_argument("overrides", nargs="*")
@@ -135,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
                 config_path, overrides = None, [config_path, *overrides]
             print(dump_config(load_config(config_path, overrides)), end="")
             return 0
+        if args.command == "check-vllm":
+            from rlactors.vllm_features import main as check_vllm
+
+            return check_vllm()
         if args.command == "plan":
             from rlactors.placement.report import plan_main
 

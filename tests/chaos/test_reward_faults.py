@@ -8,13 +8,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import ray
 from chaos_helpers import assert_each_prompt_once, assert_no_leftovers, checkpoint_ledger, leftover_processes
-from tiny_runs import tiny_config
+from tiny_runs import record_scored_batches, tiny_config
 
 from rlactors.pipelines import run_pipeline
 from rlactors.reward.failures import ScoringFailedError
-from rlactors.reward.scorer import RewardPool
 
 pytestmark = [pytest.mark.vllm, pytest.mark.chaos]
 
@@ -57,19 +55,6 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
-
-
-def record_scored_batches(monkeypatch) -> list:
-    """The groups of every trained batch, as `RewardPool.check_step` sees them (observed, not changed)."""
-    batches = []
-    check_step = RewardPool.check_step
-
-    def recording(self, num_samples, num_score_errors, groups_ref):
-        batches.append((num_score_errors, ray.get(groups_ref)))
-        return check_step(self, num_samples, num_score_errors, groups_ref)
-
-    monkeypatch.setattr(RewardPool, "check_step", recording)
-    return batches
 
 
 @pytest.mark.timeout(900)

@@ -223,3 +223,41 @@ def test_resume_after_killing_the_driver_reproduces_the_next_step(first, warm_en
     assert [h["step"] for h in resumed] == [3]
     for name in ("reward/mean", "response_length/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy"):
         assert resumed[0][name] == pytest.approx(uninterrupted[3][name], rel=1e-5, abs=1e-6), name
+
+
+@pytest.mark.slow  # the per-token guarantee is in make test at the engine (rollout/test_engine.py, partial rollout)
+def test_async_partial_rollouts_label_each_token_with_the_weights_that_made_it(warm_engines, tmp_path, tiny_model_dir,
+                                                                               reference, monkeypatch):
+    """Fully-async, a weight update every step, responses long enough to be cut by one: responses
+    span versions, and each token's logprob is that of the published weights its version names
+    (a transformers forward, fp32). The test `make test-vllm-oldest` runs on vLLM 0.27, whose
+    outputs carry no version labels: there the engine's own accounting is all there is."""
+    import torch
+    from rollout_helpers import reference_logprobs
+    from tiny_runs import record_published_weights, record_scored_batches
+
+    published = record_published_weights(monkeypatch)
+    batches = record_scored_batches(monkeypatch)
+    history = run_pipeline(tiny_config(
+        tmp_path, tiny_model_dir, *ASYNC, "pipeline.num_steps=3", "buffer.max_staleness=1",
+        "buffer.staleness_threshold=1.0", "rollout.max_model_len=96", "rollout.sampling.max_response_tokens=64",
+        "rollout.sampling.ignore_eos=true"), warm=warm_engines)
+    assert max(h["staleness/max"] for h in history[1:]) <= 1
+    model, _ = reference
+    references = {}
+    for version, weights in published.items():
+        references[version] = type(model)(model.config).eval()
+        missing, unexpected = references[version].load_state_dict(weights, strict=False)
+        assert not unexpected and set(missing) <= {"lm_head.weight"}  # tied to the embedding
+    samples = [sample for _, groups in batches for group in groups for sample in group.samples]
+    spanning = [s for s in samples if len(set(s.token_policy_versions)) > 1]
+    assert spanning, "no response spans a weight update"
+    for sample in samples:
+        versions = sample.token_policy_versions
+        assert versions == sorted(versions) and set(versions) <= set(published), versions
+        engine_logprobs = torch.tensor(sample.response_logprobs).double()
+        for version in set(versions):
+            span = [i for i, v in enumerate(versions) if v == version]
+            expected = reference_logprobs(references[version], sample.prompt_token_ids, sample.response_token_ids, 1.0)
+            assert (engine_logprobs[span] - expected[span]).abs().max() < 1e-4, (sample.prompt_id, version)
+    print(f"{len(spanning)} of {len(samples)} trained responses span versions")

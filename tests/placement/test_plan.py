@@ -10,7 +10,7 @@ import pytest
 from rlactors.config import load_config
 from rlactors.placement import ClusterShape, Node, make_plan
 from rlactors.placement.memory import count_parameters, estimate_memory, memory_verdict
-from rlactors.placement.report import plan_report
+from rlactors.placement.report import format_report, plan_report
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 GSM8K = EXAMPLES / "gsm8k_grpo_qwen3_8b.yaml"
@@ -152,7 +152,15 @@ def test_plan_command_json_on_the_examples():
     for device in report["devices"]:
         assert {"node", "device", "roles"} <= set(device)
         assert all(role.startswith(("rollout", "actor", "reference", "critic")) for role in device["roles"])
-    assert run_plan_command(DAPO_ASYNC, "--nodes", 4, "--devices-per-node", 8, "--json").returncode == 0
+    assert report["weight_transport"] == "ipc"  # colocated GPUs, on every supported vLLM
+    apart = run_plan_command(DAPO_ASYNC, "--nodes", 4, "--devices-per-node", 8, "--json")
+    assert apart.returncode == 0, apart.stderr
+    apart = json.loads(apart.stdout)  # stdout is the report alone, whatever vLLM logs as it is imported
+    from rlactors.vllm_features import trainer_backends
+
+    expected = "nccl" if "nccl" in trainer_backends() else "object_store"
+    assert apart["weight_transport"] == expected, apart["weight_transport_reason"]
+    assert f"weight sync: {expected} (auto: " in format_report(apart)
     refused = run_plan_command(DAPO_ASYNC, "--nodes", 1, "--devices-per-node", 8)
     assert refused.returncode == 2
     assert "needs 32 GPUs (16 rollout + 16 training) in 4 nodes of 8; the cluster has 8" in refused.stdout

@@ -95,6 +95,37 @@ def test_vllm_backend_of_each_transport():
     assert choose_transport("auto", "gpu", False, False).vllm_backend == "nccl"
 
 
+@pytest.mark.parametrize(("colocated", "on_sender_node", "expected"), [
+    (False, True, "shm"), (False, False, "object_store"), (True, True, "shm"), (True, False, "object_store")])
+def test_without_vllm_s_trainer_side_engine_auto_takes_ours(colocated, on_sender_node, expected):
+    """vLLM 0.27 has a trainer-side ipc engine and no nccl one; with neither, auto falls back like on CPU."""
+    choice = choose_transport("auto", "gpu", colocated, on_sender_node, vllm_trainer_backends=())
+    assert choice.transport == expected
+    assert "the installed vLLM has no trainer-side" in choice.reason
+    assert choose_transport("auto", "gpu", True, on_sender_node, vllm_trainer_backends=("ipc",)).transport == "ipc"
+    if not colocated:
+        fallback = choose_transport("auto", "gpu", False, on_sender_node, vllm_trainer_backends=("ipc",))
+        assert fallback.transport == expected and "no trainer-side nccl engine" in fallback.reason
+
+
+@pytest.mark.parametrize(("requested", "colocated"), [("nccl", False), ("ipc", True)])
+def test_a_transport_the_installed_vllm_lacks_raises_naming_the_field(requested, colocated):
+    with pytest.raises(ValueError, match=f"rollout.weight_transport: {requested} needs vLLM's trainer-side "
+                                         f"{requested} engine, which the installed vLLM lacks"):
+        choose_transport(requested, "gpu", colocated, True, vllm_trainer_backends=())
+
+
+def test_the_installed_vllm_has_the_trainer_side_engines_auto_picks_on_gpus():
+    """What `choose_for_plan` reads on GPU plans: both engines on vLLM >= 0.32, ipc only on 0.27."""
+    import vllm
+
+    from rlactors.vllm_features import trainer_backends
+
+    assert "ipc" in trainer_backends()
+    has_nccl = {"0.27.1": False, "0.32.0": True}.get(vllm.__version__)  # the two versions the suite runs on
+    assert has_nccl is None or ("nccl" in trainer_backends()) == has_nccl
+
+
 def quickstart(*overrides):
     return load_config(QUICKSTART, list(overrides))
 
@@ -145,13 +176,28 @@ def test_every_engine_counts_not_just_one():
 
 
 def test_gpu_plans_get_nccl_apart_and_ipc_colocated():
+    """nccl where the installed vLLM has its trainer-side engine (0.32), else object_store: the
+    engines are on another node than the sender."""
+    from rlactors.vllm_features import trainer_backends
+
     separate = make_plan(load_config(None, ["pipeline.mode=async", "rollout.num_engines=2", "trainer.num_workers=2"]),
                          ClusterShape.uniform(2, 2))
     assert separate.feasible and separate.device_kind == "gpu"
-    assert choose_for_plan("auto", separate, num_engines=2, colocated=False).transport == "nccl"
+    expected = "nccl" if "nccl" in trainer_backends() else "object_store"
+    assert choose_for_plan("auto", separate, num_engines=2, colocated=False).transport == expected
     colocated = make_plan(load_config(None, ["rollout.num_engines=2", "trainer.num_workers=2"]), ClusterShape.uniform(1, 2))
     assert colocated.feasible and colocated.device_kind == "gpu"
     assert choose_for_plan("auto", colocated, num_engines=2, colocated=True).transport == "ipc"
+
+
+def test_planning_without_vllm_installed_assumes_the_newest_supported(monkeypatch):
+    """A laptop without vLLM plans for a cluster: nccl, as vLLM 0.32 would; the run decides on the cluster."""
+    import rlactors.vllm_features
+
+    monkeypatch.setattr(rlactors.vllm_features, "trainer_backends", lambda: None)
+    separate = make_plan(load_config(None, ["pipeline.mode=async", "rollout.num_engines=2", "trainer.num_workers=2"]),
+                         ClusterShape.uniform(2, 2))
+    assert choose_for_plan("auto", separate, num_engines=2, colocated=False).transport == "nccl"
 
 
 def test_nccl_rank_offsets_follow_the_workers_of_the_engines_before():

@@ -7,11 +7,14 @@ the plan fits, 2 when it does not (with a one-line reason naming the resource).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 
 from rlactors.placement.memory import count_parameters, estimate_memory, memory_verdict
 from rlactors.placement.plan import ClusterShape, make_plan
+from rlactors.weight_sync.choice import choose_for_plan
 
 GiB = 1 << 30
 
@@ -54,6 +57,13 @@ def plan_report(config, cluster: ClusterShape, device_memory_bytes: int | None =
         verdict = memory_verdict(report["memory"], device_memory_bytes)
         if verdict:
             report["feasible"], report["reason"] = False, verdict
+    if plan.feasible:
+        try:
+            choice = choose_for_plan(config.rollout.weight_transport, plan, config.rollout.num_engines,
+                                     config.pipeline.mode == "colocated")
+            report["weight_transport"], report["weight_transport_reason"] = choice.transport, choice.reason
+        except ValueError as error:
+            report["feasible"], report["reason"] = False, str(error)
     return report
 
 
@@ -70,6 +80,8 @@ def format_report(report: dict) -> str:
             share = f"{max(shares):.4g}" if report["device_kind"] == "gpu" else "-"
             lines.append(f"{str(device['node'])[:14]:<14}{device['device']:>7}  {share:>9}  "
                          f"{device['resources'].get('CPU', 0):>5g}  {' '.join(device['roles'])}")
+    if report.get("weight_transport"):
+        lines.append(f"weight sync: {report['weight_transport']} ({report['weight_transport_reason']})")
     if report.get("memory"):
         size = report["device_memory_bytes"]
         lines.append(f"memory per device, GiB ({report['num_parameters'] / 1e9:.2f}B parameters; activations not "
@@ -88,9 +100,12 @@ def format_report(report: dict) -> str:
 
 def plan_main(config, num_nodes: int | None, num_devices_per_node: int | None, num_cpus_per_node: float | None,
               device_memory_gib: float | None, as_json: bool) -> int:
-    cluster = cluster_shape(num_nodes, num_devices_per_node, num_cpus_per_node)
-    device_memory_bytes = int(device_memory_gib * GiB) if device_memory_gib else None
-    report = plan_report(config, cluster, device_memory_bytes)
+    # stdout carries the report alone: what Ray or vLLM print while the plan is made (vLLM 0.27 logs
+    # to stdout as it is imported, for the weight transport) goes to stderr.
+    with contextlib.redirect_stdout(sys.stderr):
+        cluster = cluster_shape(num_nodes, num_devices_per_node, num_cpus_per_node)
+        device_memory_bytes = int(device_memory_gib * GiB) if device_memory_gib else None
+        report = plan_report(config, cluster, device_memory_bytes)
     print(json.dumps(report) if as_json else format_report(report))
     return 0 if report["feasible"] else 2
 

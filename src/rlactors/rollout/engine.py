@@ -27,8 +27,11 @@ the sampled tokens under the *sampling* distribution (vLLM `logprobs_mode="proce
 log_softmax(logits / temperature), renormalized over the top-k/top-p support when those are set;
 at temperature 0 they are the unscaled model's log_softmax(logits)), which is what a trainer
 computing log_softmax(logits / temperature) compares against; `token_policy_versions`, one per
-token, taken from the labels vLLM's engine core attaches to every step (`WeightVersionSpan`), so
-they are exact; `finish_reason` "stop" | "length" | "abort" | "error"; decoded `text`.
+token: the version of the weights loaded when its vLLM request was admitted, exact because no
+request spans a weight update (`rlactors.rollout.admission`), on every vLLM version; where vLLM
+labels tokens itself (>= 0.32) its labels are compared, and `health()["num_version_disagreements"]`
+counts pieces where they differ (never, so far); `finish_reason` "stop" | "length" | "abort" |
+"error"; decoded `text`.
 
 Multi-turn: a request whose row names an environment (`extra_info.environment`, else
 `rollout.environment.name`) runs each sample as an episode (`rlactors.rollout.episode`): turns
@@ -45,7 +48,7 @@ resumes). The transport is the engine's `weight_backend` (`rlactors.weight_sync.
 version). With it on they are aborted and continued under the new weights from prompt + partial
 response (`on_abort="resume"`, max_tokens reduced by what was produced; the response then carries
 two versions), or restarted from the prompt (`on_abort="requeue"`). Requests arriving during an
-update wait inside vLLM and run after. An update that never finishes (its sender died, a bucket
+update (or sleep) wait at the engine's admission gate and enter vLLM after it. An update that never finishes (its sender died, a bucket
 failed) leaves `weights_mixed` set and refuses the next start: such an engine must restart.
 
 Sleep (colocated mode): `sleep()` pauses generation and, on CUDA/ROCm, frees the KV cache and
@@ -79,6 +82,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 import time
 import uuid
@@ -90,6 +94,7 @@ from rlactors.config import RolloutConfig, SamplingConfig
 from rlactors.device import default_dtype, detect_platform
 from rlactors.phases import PhaseLog
 from rlactors.placement.cluster import unplaced_options
+from rlactors.rollout.admission import AdmissionGate, run_request
 from rlactors.rollout.engine_core import (
     Suspension,
     dead_detail,
@@ -108,15 +113,19 @@ from rlactors.rollout.samples import (
     resolve_sampling,
     sample_seed,
     summarize_group,
+    vllm_disagrees,
 )
 from rlactors.rollout.vllm_args import sampling_params
 from rlactors.rollout.weights import check_bucket, inline_update_info
 from rlactors.transport import results_in_object_store
 from rlactors.types import Group, PromptRequest, Sample
+from rlactors.vllm_features import detect as detect_vllm_features
 from rlactors.weight_sync.choice import RLACTORS_BACKEND
 from rlactors.weight_sync.layout import update_bytes
 
 SLEEP_TAGS = ("weights", "kv_cache")  # vLLM's sleep-mode allocation tags, in wake order
+# Requests already admitted reach vLLM's engine core within milliseconds; past this it is stuck.
+GATE_TIMEOUT_S = 60.0
 MEMORY_RPC_TIMEOUT_S = 30.0  # a memory reading is a few calls in the worker; past this the engine is stuck
 
 
@@ -140,7 +149,10 @@ class RolloutEngine:
         self.asleep = False
         self.weights_mixed = False  # an update began and has not finished: some tensors may be new, some old
         self.num_interrupted = 0  # responses cut by a weight update or sleep, then resumed or requeued
+        self.num_version_disagreements = 0  # pieces whose tokens vLLM labels otherwise than the gate (must stay 0)
+        self._gate = AdmissionGate()  # closed while weights change or the engine sleeps (rlactors.rollout.admission)
         self.llm = None
+        self.vllm_features = None  # what the installed vLLM offers (rlactors.vllm_features), at start
         self.vocab_size = 0
         self.front_end_cpu_cores: list[int] = []  # CPU: this process's cores, kept off the model's
         self._start_lock = asyncio.Lock()
@@ -166,6 +178,9 @@ class RolloutEngine:
                 raise RuntimeError(self.start_error)
             if self.llm is None:
                 try:
+                    self.vllm_features = detect_vllm_features()
+                    logging.getLogger(__name__).info(self.vllm_features.describe())
+                    self.vllm_features.require()
                     self.llm, self.front_end_cpu_cores = start_vllm(self.model_path, self.config, self.platform,
                                                                     self.dtype, self.seed, self.error_file,
                                                                     self.weight_backend)
@@ -190,11 +205,13 @@ class RolloutEngine:
             "weights_mixed": self.weights_mixed,
             "num_in_flight_samples": len(self._in_flight),
             "num_interrupted": self.num_interrupted,
+            "num_version_disagreements": self.num_version_disagreements,
             "platform": self.platform,
             "dtype": self.dtype,
             "front_end_cpu_cores": self.front_end_cpu_cores,
             "sleeping_tags": list(self._sleeping_tags),
             "pid": os.getpid(),
+            "vllm": self.vllm_features.describe() if self.vllm_features is not None else None,
         }
 
     async def new_run(self) -> None:
@@ -205,7 +222,7 @@ class RolloutEngine:
         if self._in_flight or self._update is not None or self.weights_mixed:
             raise RuntimeError(f"new_run: the engine is busy ({len(self._in_flight)} request(s) in flight, weight "
                                f"update open: {self._update is not None or self.weights_mixed})")
-        self.policy_version, self.num_interrupted = 0, 0
+        self.policy_version, self.num_interrupted, self.num_version_disagreements = 0, 0, 0
         self.phases = PhaseLog()
         self._user_aborted.clear()
         self._weights_of_last_run = True
@@ -311,10 +328,10 @@ class RolloutEngine:
             prompt = tokens_input(request.prompt_token_ids + sample.response_token_ids)
             request_id = f"{request.group_id}/{sample.sample_index}/{call_id}/{next(self._request_numbers)}"
             self._in_flight[request_id] = request.group_id
-            final = None
             try:
-                async for output in self.llm.generate(prompt, params, request_id):
-                    final = output
+                final, version = await run_request(self.llm, self._gate, lambda: self.policy_version,
+                                                   lambda: request.group_id not in self._user_aborted,
+                                                   prompt, params, request_id)
             except Exception as error:
                 from vllm.v1.engine.exceptions import EngineDeadError
 
@@ -326,6 +343,8 @@ class RolloutEngine:
                 return "error"
             finally:
                 self._in_flight.pop(request_id, None)
+            if final is None:  # aborted while it waited at the gate
+                return "abort"
             completion = final.outputs[0]
             interrupted = completion.finish_reason == "abort" and request.group_id not in self._user_aborted
             self.num_interrupted += interrupted
@@ -334,7 +353,8 @@ class RolloutEngine:
                     del tokens[turn_start:]
                 texts.clear()
                 continue
-            texts.append(extend_sample(sample, completion, self.policy_version))
+            texts.append(extend_sample(sample, completion, version))
+            self.num_version_disagreements += vllm_disagrees(completion, version)
             if not interrupted:
                 return completion.finish_reason
 
@@ -368,7 +388,9 @@ class RolloutEngine:
                          self.llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info)))
 
     async def shutdown_weight_transfer(self) -> None:
-        await self._vllm("shutdown_weight_transfer", self.llm.shutdown_weight_transfer_engine())
+        if self._update is not None:
+            raise RuntimeError("shutdown_weight_transfer with a weight update open")
+        await self._vllm("shutdown_weight_transfer", self.llm.collective_rpc("rlactors_shutdown_weight_transfer"))
 
     async def start_weight_update(self, policy_version: int) -> None:
         """Stop generating (or wake sleeping weights) and open a weight update to `policy_version`."""
@@ -379,7 +401,9 @@ class RolloutEngine:
             # vLLM's worker still holds that update open: only a fresh engine can take another.
             raise RuntimeError(f"the weight update to policy_version {self._update['policy_version']} never "
                                "finished: this engine must restart")
-        self._update = {"policy_version": policy_version, "pause_start": time.perf_counter(),
+        pause_start = time.perf_counter()
+        await self._gate.close(GATE_TIMEOUT_S)  # nothing enters vLLM until these weights are whole again
+        self._update = {"policy_version": policy_version, "pause_start": pause_start,
                         "was_asleep": self.asleep, "weight_bytes": 0}
         if self.asleep:
             if "weights" in self._sleeping_tags:
@@ -425,6 +449,7 @@ class RolloutEngine:
         await self._record("load_weights", policy_version=policy_version, weight_bytes=update["weight_bytes"])
         if not update["was_asleep"]:
             await self._vllm("finish_weight_update", self.llm.resume_generation())
+        self._open_gate_if_ready()
         return {"policy_version": policy_version, "weight_sync_s": time.perf_counter() - update["sync_start"],
                 "pause_s": update["sync_start"] - update["pause_start"]}
 
@@ -439,7 +464,7 @@ class RolloutEngine:
 
     async def weight_checksums(self) -> dict[str, str]:
         """vLLM's sha256 of every parameter as the engine holds it (its own layout), all workers."""
-        return merged(await self._vllm("weight_checksums", self.llm.compute_weight_checksums()))
+        return merged(await self._vllm("weight_checksums", self.llm.collective_rpc("rlactors_weight_checksums")))
 
     async def received_digests(self) -> dict[str, str]:
         """sha256 of each tensor of the last update sent with digests (see `rlactors.weight_sync.sender`)."""
@@ -460,6 +485,7 @@ class RolloutEngine:
         if self.asleep:
             return None
         level = self.config.sleep_level
+        await self._gate.close(GATE_TIMEOUT_S)  # what is interrupted waits at the gate until wake_up
         await self._vllm("sleep", self.llm.sleep(level=level, mode="abort" if self.config.partial_rollout else "wait"))
         self.asleep = True
         self._sleeping_tags = list(SLEEP_TAGS)  # vLLM's executor marks both asleep at every level >= 1
@@ -487,7 +513,13 @@ class RolloutEngine:
         await self._vllm("wake_up", self.llm.wake_up(tags=tags))  # vLLM resumes scheduling once no tag sleeps
         self._sleeping_tags = [tag for tag in self._sleeping_tags if tag not in tags]
         self.asleep = bool(self._sleeping_tags)
+        self._open_gate_if_ready()
         return await self._record("wake_up", tags=tags)
+
+    def _open_gate_if_ready(self) -> None:
+        """Let requests into vLLM again once no weight update is open and nothing sleeps."""
+        if self._update is None and not self.asleep:
+            self._gate.open()
 
     # ---------------------------------------------------------------- phase log
 

@@ -1,6 +1,6 @@
 """Plain functions the rollout engine and router share: checking a prompt and its sampling settings,
-per-sample seeds, a sample's tokens from vLLM's output, the Group that reports a failed request,
-per-token policy versions, and the small
+per-sample seeds, a sample's tokens from vLLM's output (and vLLM's own version labels, a check),
+the Group that reports a failed request, and the small
 summary of a finished Group that the router reads instead of the Group itself."""
 
 from __future__ import annotations
@@ -46,23 +46,23 @@ def sample_seed(seed: int | None, group_id: str, sample_index: int, num_tokens_d
     return zlib.crc32(f"{seed}/{group_id}/{sample_index}/{num_tokens_done}".encode())
 
 
-def versions_per_token(spans, num_tokens: int, fallback: int) -> list[int]:
-    """Expand vLLM's WeightVersionSpan list to one int version per output token."""
-    versions = [fallback] * num_tokens
-    for span in spans or ():
-        versions[span.start : span.end] = [int(span.version)] * (span.end - span.start)
-    return versions
-
-
-def extend_sample(sample: Sample, completion, fallback_version: int) -> str:
-    """Append a vLLM `CompletionOutput`'s tokens, sampled-token logprobs and per-token versions to
-    `sample`; returns its text."""
+def extend_sample(sample: Sample, completion, policy_version: int) -> str:
+    """Append a vLLM `CompletionOutput`'s tokens and sampled-token logprobs to `sample`, each token
+    labelled `policy_version` (the weights of the whole request: `rlactors.rollout.admission`);
+    returns its text."""
     token_ids = list(completion.token_ids)
     sample.response_token_ids += token_ids
     sample.response_logprobs += [position[token].logprob
                                  for position, token in zip(completion.logprobs or [], token_ids, strict=True)]
-    sample.token_policy_versions += versions_per_token(completion.weight_versions, len(token_ids), fallback_version)
+    sample.token_policy_versions += [policy_version] * len(token_ids)
     return completion.text
+
+
+def vllm_disagrees(completion, policy_version: int) -> bool:
+    """Whether vLLM (>= 0.32, which labels each step with its weight version) says some token of
+    `completion` came from other weights than `policy_version`; older vLLMs label nothing."""
+    spans = getattr(completion, "weight_versions", None) or ()
+    return any(int(span.version) != policy_version for span in spans if span.end > span.start)
 
 
 def error_group(request: PromptRequest, num_samples: int, message: str) -> Group:

@@ -53,6 +53,22 @@ class WorkerExtension:
 
         return memory_figures()
 
+    def rlactors_weight_checksums(self) -> dict[str, str]:
+        """sha256 of every parameter's bytes as this worker holds them, named `rank<r>:<name>`
+        (vLLM 0.32's `compute_weight_checksums` does the same; older ones lack it)."""
+        from rlactors.weight_sync.vllm_engine import digest
+
+        model = self.model_runner.get_model()
+        return {f"rank{self.rank}:{name}": digest(parameter) for name, parameter in model.named_parameters()}
+
+    def rlactors_shutdown_weight_transfer(self) -> None:
+        """Release the weight-transfer engine's connection to its sender (vLLM 0.32's
+        `shutdown_weight_transfer_engine`; older ones lack it). The engine actor never calls it
+        with an update open."""
+        engine = getattr(self, "weight_transfer_engine", None)
+        if engine is not None:
+            engine.shutdown()
+
     def rlactors_received_digests(self) -> dict[str, str]:
         """sha256 per tensor of the last update that asked for digests (our backend only)."""
         return dict(getattr(self.weight_transfer_engine, "received_digests", {}))

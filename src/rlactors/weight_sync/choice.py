@@ -8,17 +8,21 @@
 | `object_store` | anywhere (the portable fallback)             | Ray's object store, one bucket at a time |
 
 `auto` picks `ipc` for colocated GPUs, `nccl` for separate GPU pools, `shm` on CPU when every
-engine shares rank 0's node and `object_store` otherwise. Each vLLM engine is started with the
+engine shares rank 0's node and `object_store` otherwise. Where the installed vLLM lacks the
+trainer-side engine of `ipc` or `nccl` (vLLM 0.27 has no `nccl` one), `auto` takes `shm` or
+`object_store` as on CPU (both load through the model's own `load_weights` on any device). Each vLLM engine is started with the
 weight-transfer backend of its transport (`vllm_backend`); `shm` and `object_store` share one
 backend of ours (`rlactors.weight_sync.vllm_engine`), which vLLM loads through our plugin.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 TRANSPORTS = ("auto", "nccl", "ipc", "shm", "object_store")
 RLACTORS_BACKEND = "rlactors"  # our vLLM-side engine: shared-memory segments or bytes inline
+VLLM_BACKENDS = ("ipc", "nccl")  # transports that are vLLM's own engines, on both sides
 
 
 @dataclass(frozen=True)
@@ -32,11 +36,13 @@ class TransportChoice:
         return self.transport if self.transport in ("nccl", "ipc") else RLACTORS_BACKEND
 
 
-def choose_transport(requested: str, device_kind: str, colocated: bool, engines_on_sender_node: bool) -> TransportChoice:
+def choose_transport(requested: str, device_kind: str, colocated: bool, engines_on_sender_node: bool,
+                     vllm_trainer_backends: Collection[str] = VLLM_BACKENDS) -> TransportChoice:
     """The transport for `rollout.weight_transport` = `requested`. `device_kind` is the run's
     ("gpu" or "cpu", `ClusterShape.device_kind`); `engines_on_sender_node` says whether every
-    engine runs on the node of trainer rank 0 (which sends). A request that cannot work raises
-    ValueError naming the field."""
+    engine runs on the node of trainer rank 0 (which sends); `vllm_trainer_backends` are the
+    trainer-side engines of the installed vLLM (`VllmFeatures.trainer_backends`: vLLM 0.27 has
+    `ipc` only). A request that cannot work raises ValueError naming the field."""
     if requested not in TRANSPORTS:
         raise ValueError(f"rollout.weight_transport: {requested!r} is not one of {list(TRANSPORTS)}")
     gpu = device_kind == "gpu"
@@ -52,22 +58,38 @@ def choose_transport(requested: str, device_kind: str, colocated: bool, engines_
     if requested == "shm" and not engines_on_sender_node:
         raise ValueError("rollout.weight_transport: shm needs every engine on trainer rank 0's node, and the plan puts "
                          "some elsewhere; use object_store (or auto)")
+    if requested in VLLM_BACKENDS and requested not in vllm_trainer_backends:
+        raise ValueError(f"rollout.weight_transport: {requested} needs vLLM's trainer-side {requested} engine, which "
+                         "the installed vLLM lacks; use object_store (or auto)")
     if requested != "auto":
         return TransportChoice(requested, f"rollout.weight_transport={requested}")
     if gpu:
-        if colocated:
-            return TransportChoice("ipc", "auto: colocated GPUs share memory through CUDA IPC")
-        return TransportChoice("nccl", "auto: separate GPU pools, broadcast from trainer rank 0")
+        wanted = "ipc" if colocated else "nccl"
+        if wanted in vllm_trainer_backends:
+            return TransportChoice(wanted, "auto: colocated GPUs share memory through CUDA IPC" if colocated
+                                   else "auto: separate GPU pools, broadcast from trainer rank 0")
+        fallback = "shm" if engines_on_sender_node else "object_store"
+        return TransportChoice(fallback, f"auto: the installed vLLM has no trainer-side {wanted} engine, so "
+                                         f"{fallback} ({'every engine on' if engines_on_sender_node else 'some engine off'}"
+                                         " trainer rank 0's node)")
     if engines_on_sender_node:
         return TransportChoice("shm", "auto: CPU, every engine on trainer rank 0's node")
     return TransportChoice("object_store", "auto: CPU, some engine on another node than trainer rank 0")
 
 
 def choose_for_plan(requested: str, plan, num_engines: int, colocated: bool) -> TransportChoice:
-    """`choose_transport` for a `rlactors.placement.plan.ResourcePlan`: the sender is actor rank 0."""
+    """`choose_transport` for a `rlactors.placement.plan.ResourcePlan`: the sender is actor rank 0.
+    On GPUs it reads the installed vLLM's trainer-side engines (which imports part of vLLM); where
+    vLLM is not installed (planning from a laptop) it assumes vLLM 0.32's, and the run, on the
+    cluster, decides with the cluster's."""
     sender_node = plan.bundle_of("actor", 0)[0].node
     engine_nodes = {bundle.node for engine in range(num_engines) for bundle in plan.engine_bundles(engine)}
-    return choose_transport(requested, plan.cluster.device_kind, colocated, engine_nodes <= {sender_node})
+    backends = VLLM_BACKENDS
+    if plan.cluster.device_kind == "gpu":
+        from rlactors.vllm_features import trainer_backends
+
+        backends = trainer_backends() or VLLM_BACKENDS
+    return choose_transport(requested, plan.cluster.device_kind, colocated, engine_nodes <= {sender_node}, backends)
 
 
 @dataclass(frozen=True)

@@ -130,6 +130,12 @@ class RlactorsWeightTransferEngine(WeightTransferEngine[RlactorsInitInfo, Rlacto
     def shutdown(self) -> None:
         self.segments = []
 
+    @staticmethod
+    def trainer_send_weights(iterator, trainer_args) -> None:
+        """vLLM 0.27 declares this abstract (its trainer side before trainer engines); ours is
+        `rlactors.weight_sync.trainer_engines`."""
+        raise NotImplementedError("the rlactors backend's trainer side is rlactors.weight_sync.trainer_engines")
+
 
 def clone_pending(model, segment: torch.Tensor) -> int:
     """Clone out of `segment` what vLLM's layerwise reload still holds of it; returns the count.
