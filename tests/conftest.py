@@ -152,6 +152,17 @@ def reference_greedy(model, prompt_ids, num_tokens):
     return ids[len(prompt_ids):]
 
 
+def reference_logprobs(model, prompt_ids, response_ids, temperature):
+    """log_softmax(logits / temperature) of each response token under the transformers forward."""
+    import torch
+
+    ids = torch.tensor([prompt_ids + response_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt_ids) - 1 : -1].double()
+    logprobs = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
+    return logprobs.gather(-1, torch.tensor(response_ids)[:, None])[:, 0]
+
+
 def send_weights(engine, model, policy_version, transport="shm", verify=True):
     """Send the transformers model's weights to the engine (a RolloutEngine, or a router) over
     `transport`, in buckets of half the model, through vLLM's weight-transfer API; returns the

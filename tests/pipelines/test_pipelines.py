@@ -233,7 +233,7 @@ def test_async_partial_rollouts_label_each_token_with_the_weights_that_made_it(w
     (a transformers forward, fp32). The test `make test-vllm-oldest` runs on vLLM 0.27, whose
     outputs carry no version labels: there the engine's own accounting is all there is."""
     import torch
-    from rollout_helpers import reference_logprobs
+    from conftest import reference_logprobs
     from tiny_runs import record_published_weights, record_scored_batches
 
     published = record_published_weights(monkeypatch)
@@ -244,6 +244,7 @@ def test_async_partial_rollouts_label_each_token_with_the_weights_that_made_it(w
         "rollout.sampling.ignore_eos=true"), warm=warm_engines)
     assert max(h["staleness/max"] for h in history[1:]) <= 1
     model, _ = reference
+    published.setdefault(0, model.state_dict())  # engines started for the run hold the checkpoint's weights
     references = {}
     for version, weights in published.items():
         references[version] = type(model)(model.config).eval()

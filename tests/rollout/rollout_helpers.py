@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import torch
-from conftest import reference_greedy, send_weights  # noqa: F401  (the rollout tests' import point)
+from conftest import reference_greedy, reference_logprobs, send_weights  # noqa: F401  (the rollout tests' import point)
 
 from rlactors.types import PromptRequest
 
@@ -18,15 +18,6 @@ def collect(engine, requests, sampling=None):
     import ray
 
     return [ray.get(ref) for ref in engine.generate.remote(requests, sampling)]
-
-
-def reference_logprobs(model, prompt_ids, response_ids, temperature):
-    """log_softmax(logits / temperature) of each response token under the transformers forward."""
-    ids = torch.tensor([prompt_ids + response_ids])
-    with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt_ids) - 1 : -1].double()
-    logprobs = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
-    return logprobs.gather(-1, torch.tensor(response_ids)[:, None])[:, 0]
 
 
 def perturb_and_send(engine, model, policy_version, seed, transport="shm", verify=True):
