@@ -48,8 +48,9 @@ resumes). The transport is the engine's `weight_backend` (`rlactors.weight_sync.
 version). With it on they are aborted and continued under the new weights from prompt + partial
 response (`on_abort="resume"`, max_tokens reduced by what was produced; the response then carries
 two versions), or restarted from the prompt (`on_abort="requeue"`). Requests arriving during an
-update (or sleep) wait at the engine's admission gate and enter vLLM after it. An update that never finishes (its sender died, a bucket
-failed) leaves `weights_mixed` set and refuses the next start: such an engine must restart.
+update (or sleep) wait at the engine's admission gate and enter vLLM after it. An update that
+never finishes (its sender died, a bucket failed) leaves `weights_mixed` set and refuses the next
+start: such an engine must restart.
 
 Sleep (colocated mode): `sleep()` pauses generation and, on CUDA/ROCm, frees the KV cache and
 offloads the weights to host memory (`rollout.sleep_level` 1) or discards them (level 2); on CPU
@@ -463,7 +464,7 @@ class RolloutEngine:
         return await self.finish_weight_update(policy_version)
 
     async def weight_checksums(self) -> dict[str, str]:
-        """vLLM's sha256 of every parameter as the engine holds it (its own layout), all workers."""
+        """sha256 of every parameter as the engine holds it (vLLM's layout), all workers (`rank<r>:<name>`)."""
         return merged(await self._vllm("weight_checksums", self.llm.collective_rpc("rlactors_weight_checksums")))
 
     async def received_digests(self) -> dict[str, str]:
