@@ -7,14 +7,11 @@ FORBIDDEN := torchvision torchaudio torchcodec
 
 .PHONY: demo test test-slow test-vllm-oldest lint lock clean-venv
 
-# $(call install,VENV,LOCK): a venv with exactly LOCK, rlactors editable. Byte-compiled on every
-# core after the install (pip compiles on one): with PYTHONDONTWRITEBYTECODE set, as on CI, nothing
-# else writes .pyc files, and each process would compile torch and vLLM again.
+# $(call install,VENV,LOCK): a venv with exactly LOCK (pip byte-compiles it: with PYTHONDONTWRITEBYTECODE
+# set, as on this machine, nothing else would write .pyc files), rlactors editable.
 define install
 	@test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
-	$(1)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-compile -r $(2)
-	@# A few files are for other Python versions and do not compile (pip skips them too).
-	@$(1)/bin/python -m compileall -q -j 0 $$($(1)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") > /dev/null || true
+	$(1)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -r $(2)
 	$(1)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	@$(1)/bin/python -m pip uninstall --quiet -y $(FORBIDDEN) 2>/dev/null || true
 	$(1)/bin/python -c "import importlib.util as u, sys; bad = [m for m in '$(FORBIDDEN)'.split() if u.find_spec(m)]; sys.exit(f'must not be installed: {bad}' if bad else 0)"
