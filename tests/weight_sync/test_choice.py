@@ -198,6 +198,8 @@ def test_planning_without_vllm_installed_assumes_the_newest_supported(monkeypatc
     separate = make_plan(load_config(None, ["pipeline.mode=async", "rollout.num_engines=2", "trainer.num_workers=2"]),
                          ClusterShape.uniform(2, 2))
     assert choose_for_plan("auto", separate, num_engines=2, colocated=False).transport == "nccl"
+    monkeypatch.setattr(rlactors.vllm_features, "trainer_backends", lambda: ())  # installed, with none of its own
+    assert choose_for_plan("auto", separate, num_engines=2, colocated=False).transport == "object_store"
 
 
 def test_nccl_rank_offsets_follow_the_workers_of_the_engines_before():

@@ -10,9 +10,10 @@
 `auto` picks `ipc` for colocated GPUs, `nccl` for separate GPU pools, `shm` on CPU when every
 engine shares rank 0's node and `object_store` otherwise. Where the installed vLLM lacks the
 trainer-side engine of `ipc` or `nccl` (vLLM 0.27 has no `nccl` one), `auto` takes `shm` or
-`object_store` as on CPU (both load through the model's own `load_weights` on any device). Each vLLM engine is started with the
-weight-transfer backend of its transport (`vllm_backend`); `shm` and `object_store` share one
-backend of ours (`rlactors.weight_sync.vllm_engine`), which vLLM loads through our plugin.
+`object_store` as on CPU (both load through the model's own `load_weights` on any device).
+Each vLLM engine is started with the weight-transfer backend of its transport (`vllm_backend`);
+`shm` and `object_store` share one backend of ours (`rlactors.weight_sync.vllm_engine`), which
+vLLM loads through our plugin.
 """
 
 from __future__ import annotations
@@ -88,7 +89,8 @@ def choose_for_plan(requested: str, plan, num_engines: int, colocated: bool) -> 
     if plan.cluster.device_kind == "gpu":
         from rlactors.vllm_features import trainer_backends
 
-        backends = trainer_backends() or VLLM_BACKENDS
+        installed = trainer_backends()
+        backends = VLLM_BACKENDS if installed is None else installed
     return choose_transport(requested, plan.cluster.device_kind, colocated, engine_nodes <= {sender_node}, backends)
 
 
