@@ -140,12 +140,25 @@ def test_memory_estimate_of_qwen3_8b(tmp_path):
 
 
 def run_plan_command(*args):
+    """`python -m rlactors plan ARGS` in a process of its own (what it prints as vLLM is imported, or
+    the Ray it finds, are the caller's concern)."""
     return subprocess.run([sys.executable, "-m", "rlactors", "plan", *map(str, args)], capture_output=True, text=True,
                           timeout=120)
 
 
-def test_plan_command_json_on_the_examples():
-    fits = run_plan_command(GSM8K, "--nodes", 1, "--devices-per-node", 8, "--json")
+def plan_in_process(capsys, *args) -> subprocess.CompletedProcess:
+    """The same command in this process, for a given cluster shape (`--nodes`: no live cluster is
+    read), without paying for another interpreter and vLLM import."""
+    from rlactors.cli import main
+
+    capsys.readouterr()
+    returncode = main(["plan", *map(str, args)])
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["rlactors", "plan", *map(str, args)], returncode, out, err)
+
+
+def test_plan_command_json_on_the_examples(capsys):
+    fits = plan_in_process(capsys, GSM8K, "--nodes", 1, "--devices-per-node", 8, "--json")
     assert fits.returncode == 0, fits.stderr
     report = json.loads(fits.stdout)
     assert report["feasible"] is True and len(report["devices"]) == 8
@@ -161,10 +174,10 @@ def test_plan_command_json_on_the_examples():
     expected = "nccl" if "nccl" in trainer_backends() else "object_store"
     assert apart["weight_transport"] == expected, apart["weight_transport_reason"]
     assert f"weight sync: {expected} (auto: " in format_report(apart)
-    refused = run_plan_command(DAPO_ASYNC, "--nodes", 1, "--devices-per-node", 8)
+    refused = plan_in_process(capsys, DAPO_ASYNC, "--nodes", 1, "--devices-per-node", 8)
     assert refused.returncode == 2
     assert "needs 32 GPUs (16 rollout + 16 training) in 4 nodes of 8; the cluster has 8" in refused.stdout
-    as_json = json.loads(run_plan_command(DAPO_ASYNC, "--nodes", 1, "--devices-per-node", 8, "--json").stdout)
+    as_json = json.loads(plan_in_process(capsys, DAPO_ASYNC, "--nodes", 1, "--devices-per-node", 8, "--json").stdout)
     assert as_json["feasible"] is False and "32 GPUs" in as_json["reason"]
 
 
@@ -175,13 +188,13 @@ def test_plan_command_reads_this_machine_without_a_cluster(monkeypatch):
     assert "CPUs" in json.loads(result.stdout)["reason"]
 
 
-def test_plan_command_estimates_memory_with_overrides_after_options(tmp_path):
+def test_plan_command_estimates_memory_with_overrides_after_options(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps(QWEN3_8B))
-    fits = run_plan_command(GSM8K, "--nodes", 1, "--devices-per-node", 8, f"model.path={tmp_path}",
-                            "--device-memory-gib", 192, "--json")
+    fits = plan_in_process(capsys, GSM8K, "--nodes", 1, "--devices-per-node", 8, f"model.path={tmp_path}",
+                           "--device-memory-gib", 192, "--json")
     assert fits.returncode == 0, fits.stderr
     report = json.loads(fits.stdout)
     assert len(report["memory"]) == 8 and all(row["fits"] for row in report["memory"])
-    table = run_plan_command(GSM8K, "--nodes", 1, "--devices-per-node", 8, f"model.path={tmp_path}",
-                             "--device-memory-gib", 40)
+    table = plan_in_process(capsys, GSM8K, "--nodes", 1, "--devices-per-node", 8, f"model.path={tmp_path}",
+                            "--device-memory-gib", 40)
     assert table.returncode == 2 and "needs about" in table.stdout and "of 40.0 GiB" in table.stdout
