@@ -20,6 +20,11 @@ failed. See root cause above". Each process appends every ERROR record of vLLM's
 exception chain, to a file the actor named (`ERROR_FILE_ENV`), one JSON object a line; the actor
 reads it back (`read_errors`) to say why vLLM failed.
 
+Why the workers are spawned, not forked, though each then imports vLLM and torch again (about 8 of
+the 30 s a tiny CPU engine takes to start on 2 cores): vLLM binds a CPU worker's OpenMP threads to
+its cores through OMP_PLACES, which the OpenMP runtime reads once, as it loads; a forked worker
+keeps the engine core's runtime and with it the engine core's cores (measured).
+
 vLLM calls its `vllm.general_plugins` entry points (pyproject.toml names `in_vllm_process`) in
 every process it runs: the front end (`EngineArgs`), the engine core (`EngineCore.__init__`, before
 its executor spawns the workers) and each worker (`WorkerWrapperBase.init_worker`, before the model
