@@ -65,15 +65,17 @@ def _release_what_this_test_does_not_use(request):
 
 
 @pytest.fixture(scope="session")
-def warm_engines(ray_session):
-    """Rollout engines kept from one pipeline run to the next (`rlactors.pipelines.warm`): pass it as
-    `run_pipeline(config, warm=warm_engines)`, and a run whose engine settings and plan match the
-    last run's takes its engines instead of starting vLLM (~25 s). Every run still gets its own
-    trainers, buffer and reward scorers, and sends its weights to the engines before they generate."""
-    from rlactors.pipelines.warm import WarmEngines
+def warm_actors(ray_session):
+    """Rollout engines and trainer groups kept from one pipeline run to the next
+    (`rlactors.pipelines.warm`): pass it as `run_pipeline(config, warm=warm_actors)`, and a run whose
+    engine settings and plan match the last run's takes its engines instead of starting vLLM
+    (~25 s), and its trainer groups whose ranks would start alike (~5 s each). Every run still
+    gets its own buffer and reward scorers, loads its model into the trainers, and sends its
+    weights to the engines before they generate."""
+    from rlactors.pipelines.warm import WarmActors
 
-    warm = WarmEngines()
-    _releasable["warm_engines"] = warm.close
+    warm = WarmActors()
+    _releasable["warm_actors"] = warm.close
     yield warm
     warm.close()
 

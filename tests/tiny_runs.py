@@ -2,10 +2,10 @@
 by the pipeline, chaos and example tests.
 
     config = tiny_config(tmp_path, tiny_model_dir, "pipeline.mode=async")  # 2 steps of 4 prompts x 4 samples
-    history = run_pipeline(config, warm=warm_engines)                      # the engines of the last run, if they match
+    history = run_pipeline(config, warm=warm_actors)                      # the engines of the last run, if they match
     resumed = run_pipeline(with_resume(config))                            # the same run, from its latest checkpoint
 
-Runs of one config share their engines through the session's `warm_engines` (tests/conftest.py):
+Runs of one config share their engines through the session's `warm_actors` (tests/conftest.py):
 keep a test's overrides off `rollout.*` unless the test is about them, or it starts vLLM again.
 """
 

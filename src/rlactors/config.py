@@ -191,6 +191,18 @@ class RolloutConfig(Section):
         default_factory=ValidationSamplingConfig, description="Validation-time sampling (greedy by default).",
     )
 
+    # What a started engine serves by and each run may change (requests, episodes, interruptions,
+    # the router's timeouts, the trainer's side of weight syncs): an engine kept from another run
+    # takes them anew (`RolloutEngine.new_run`). It keeps every other field it was started with.
+    PER_RUN: typing.ClassVar[frozenset[str]] = frozenset({
+        "sampling", "validation_sampling", "environment", "on_abort", "partial_rollout", "sleep_level",
+        "start_timeout_s", "call_timeout_s", "stall_timeout_s", "health_timeout_s", "weight_bucket_bytes",
+        "verify_weight_sync"})
+
+    def start_settings(self) -> dict[str, Any]:
+        """The fields an engine keeps from its start: two configs that agree on them can share engines."""
+        return self.model_dump(mode="json", exclude=set(self.PER_RUN))
+
 
 class OverlongConfig(Section):
     enable: bool = Field(False, description="Apply DAPO's soft overlong penalty.")

@@ -2,8 +2,8 @@
 
     before = leftover_processes()                     # a Snapshot: what was there already
     ... run with a fault injected ...
-    assert_no_leftovers(before, warm=warm_engines)    # no new engine core, reward worker, actor or PG
-                                                      # left, but what the warm engines keep for the next run
+    assert_no_leftovers(before, warm=warm_actors)     # no new engine core, reward worker, actor or PG
+                                                      # left, but what the warm actors keep for the next run
     assert_each_prompt_once(ledger_rows, prompt_ids)  # trained exactly once or dropped with a reason
 """
 
@@ -80,8 +80,8 @@ def live_placement_groups() -> list[dict]:
 
 
 def kept_by(warm) -> Snapshot:
-    """What `warm` (a `rlactors.pipelines.warm.WarmEngines`) keeps for the next run: its engines'
-    actors and vLLM processes, and their placement groups."""
+    """What `warm` (a `rlactors.pipelines.warm.WarmActors`) keeps for the next run: its engines'
+    actors and vLLM processes, its trainer groups' rank actors, and their placement groups."""
     import ray
 
     kept = Snapshot()
@@ -90,7 +90,8 @@ def kept_by(warm) -> Snapshot:
     for engine in warm.kept.engines:
         pid = ray.get(engine.health.remote(), timeout=60)["pid"]
         kept.update({child.pid: "kept" for child in psutil.Process(pid).children(recursive=True)})
-    kept.actor_ids = frozenset(engine._actor_id.hex() for engine in warm.kept.engines)
+    ranks = [worker for group in warm.kept.trainers.values() for worker in group.workers]
+    kept.actor_ids = frozenset(actor._actor_id.hex() for actor in [*warm.kept.engines, *ranks])
     kept.placement_group_ids = frozenset(group.id.hex() for group, _ in warm.kept.placement.groups.values())
     return kept
 

@@ -40,7 +40,7 @@ def _log_segments(output_dir: Path) -> int:
     return len(list((output_dir / "ledger").glob("*/*.events.parquet")))
 
 
-def test_buffer_killed_mid_run_then_resumed_and_a_refused_prompt_dropped(warm_engines, tmp_path, tiny_model_dir,
+def test_buffer_killed_mid_run_then_resumed_and_a_refused_prompt_dropped(warm_actors, tmp_path, tiny_model_dir,
                                                                          monkeypatch):
     import ray
 
@@ -76,7 +76,7 @@ def test_buffer_killed_mid_run_then_resumed_and_a_refused_prompt_dropped(warm_en
     monkeypatch.setattr(RolloutRouter, "generate_refs", generate_refs_refusing_one)
     monkeypatch.setattr(colocated, "sync_weights", sync_weights_with_the_buffer_killed)
     with pytest.raises(ray.exceptions.RayActorError) as failure:
-        run_pipeline(config, warm=warm_engines)
+        run_pipeline(config, warm=warm_actors)
     assert killed, f"the run ended before step 2's weight sync: {failure.value}"
     assert time.monotonic() - killed[0] < FAILS_WITHIN_S
     assert "ReplayBuffer" in str(failure.value)
@@ -84,7 +84,7 @@ def test_buffer_killed_mid_run_then_resumed_and_a_refused_prompt_dropped(warm_en
     cut_at_step_1 = load_buffer_scalars(output_dir / "checkpoints" / "step_00000001" / "buffer")[0]["log"]
     assert _log_segments(output_dir) > cut_at_step_1["num_segments"]  # the killed run logged step 2's rows
 
-    resumed = run_pipeline(with_resume(config), warm=warm_engines)  # on the engines the killed run kept
+    resumed = run_pipeline(with_resume(config), warm=warm_actors)  # on the engines the killed run kept
     assert [h["step"] for h in resumed] == [2]
     ledger = checkpoint_ledger(output_dir)
     counts = assert_each_prompt_once(ledger)  # step 2's rows from the killed run were cut away
@@ -96,4 +96,4 @@ def test_buffer_killed_mid_run_then_resumed_and_a_refused_prompt_dropped(warm_en
     assert [s["step"] for s in steps] == [0, 1, 2]
     assert [s["buffer/num_dropped_rollout_error"] for s in steps[1:]] == [1.0, 0.0]
     assert all(s["response_length/mean"] > 0 for s in steps[1:])  # full batches of real groups were trained
-    assert_no_leftovers(before, warm=warm_engines)
+    assert_no_leftovers(before, warm=warm_actors)

@@ -139,7 +139,7 @@ def test_a_run_whose_engine_cannot_start_fails_before_training_with_vllms_messag
 
 
 @pytest.mark.slow  # the core killed under a router: tests/rollout/test_router.py, tests/weight_sync/test_transports.py
-def test_a_run_goes_on_when_only_the_engine_core_is_sigkilled(warm_engines, tmp_path, tiny_model_dir, monkeypatch):
+def test_a_run_goes_on_when_only_the_engine_core_is_sigkilled(warm_actors, tmp_path, tiny_model_dir, monkeypatch):
     """Kill the engine-core process right before step 2 generates: its generate fails with
     EngineDeadError, the router restarts the replica and re-sends the prompts, every step trains
     a full batch, and nothing is left afterwards (the engine, taken from the warm ones if they
@@ -171,14 +171,14 @@ def test_a_run_goes_on_when_only_the_engine_core_is_sigkilled(warm_engines, tmp_
         return router
 
     monkeypatch.setattr(RolloutRouter, "over", classmethod(over_with_a_fault))
-    history = run_pipeline(config, warm=warm_engines)
+    history = run_pipeline(config, warm=warm_actors)
     assert killed, "the engine core was never killed"
     assert [h["step"] for h in history] == [0, 1, 2, 3]
     assert all(h["response_length/mean"] > 0 for h in history[1:])
     assert history[-1]["policy_version"] == 3
     counts = assert_each_prompt_once(checkpoint_ledger(tmp_path / "run"))
     assert counts["trained"] == 3 * 4 and counts["dropped"] == 0, counts  # 3 full batches of 4 prompts
-    assert warm_engines.kept is None
+    assert warm_actors.kept is None
     assert_no_leftovers(before)
 
 

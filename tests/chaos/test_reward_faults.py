@@ -58,7 +58,7 @@ def alive(pid: int) -> bool:
 
 
 @pytest.mark.timeout(900)
-def test_run_survives_every_kind_of_faulty_reward_function(warm_engines, tmp_path, tiny_model_dir, monkeypatch):
+def test_run_survives_every_kind_of_faulty_reward_function(warm_actors, tmp_path, tiny_model_dir, monkeypatch):
     pid_dir = tmp_path / "grandchildren"
     pid_dir.mkdir()
     reward = tmp_path / "faulty_reward.py"
@@ -68,7 +68,7 @@ def test_run_survives_every_kind_of_faulty_reward_function(warm_engines, tmp_pat
     config = tiny_config(tmp_path, tiny_model_dir, f"reward.custom_function={reward}:compute_score",
                          "reward.timeout_s=2", "pipeline.checkpoint_every_steps=2")
 
-    history = run_pipeline(config, warm=warm_engines)
+    history = run_pipeline(config, warm=warm_actors)
 
     assert [h["step"] for h in history] == [0, 1, 2]
     samples = [s for _, groups in batches for g in groups for s in g.samples]
@@ -84,13 +84,13 @@ def test_run_survives_every_kind_of_faulty_reward_function(warm_engines, tmp_pat
     kinds = {kind for text in errors for kind in EXPECTED_ERRORS if kind in text}
     assert len(kinds) >= 3, kinds  # the hash spread several faults over the batches
     assert_each_prompt_once(checkpoint_ledger(config.pipeline.output_dir))
-    assert_no_leftovers(before, warm=warm_engines)
+    assert_no_leftovers(before, warm=warm_actors)
     grandchildren = [int(path.name) for path in pid_dir.iterdir()]
     assert grandchildren and [pid for pid in grandchildren if alive(pid)] == []
 
 
 @pytest.mark.timeout(900)
-def test_scoring_that_fails_everywhere_stops_the_run_with_the_first_error(warm_engines, tmp_path, tiny_model_dir):
+def test_scoring_that_fails_everywhere_stops_the_run_with_the_first_error(warm_actors, tmp_path, tiny_model_dir):
     reward = tmp_path / "failing_reward.py"
     reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
                       "    return 1 / 0\n")
@@ -102,8 +102,8 @@ def test_scoring_that_fails_everywhere_stops_the_run_with_the_first_error(warm_e
     with pytest.raises(ScoringFailedError, match=r"every sample for 2 steps in a row .* first error: "
                                                  r"prompt_id=synthetic/arithmetic/\S+ sample_index=\d+: "
                                                  r"ZeroDivisionError"):
-        run_pipeline(config, warm=warm_engines)
+        run_pipeline(config, warm=warm_actors)
 
     assert len(metrics.read_text().splitlines()) == 2  # step 0's validation and step 1: step 2 raised
-    assert warm_engines.kept is not None  # the engines did not fail: kept, at rest, for the next run
-    assert_no_leftovers(before, warm=warm_engines)
+    assert warm_actors.kept is not None  # the engines did not fail: kept, at rest, for the next run
+    assert_no_leftovers(before, warm=warm_actors)

@@ -33,7 +33,7 @@ def _config(tmp_path, tiny_model_dir, *overrides):
 
 
 @pytest.mark.slow  # the rank's death at the group's level: tests/trainer/test_trainer_group.py
-def test_sigkill_of_trainer_rank_1_mid_update_then_resume(warm_engines, tmp_path, tiny_model_dir, monkeypatch):
+def test_sigkill_of_trainer_rank_1_mid_update_then_resume(warm_actors, tmp_path, tiny_model_dir, monkeypatch):
     """The engines outlive the trainer's failure: kept, and the resumed run starts on them."""
     config = _config(tmp_path, tiny_model_dir, "pipeline.resume=never")
     latest = Path(config.pipeline.output_dir) / "checkpoints" / "latest"
@@ -59,20 +59,20 @@ def test_sigkill_of_trainer_rank_1_mid_update_then_resume(warm_engines, tmp_path
     monkeypatch.setattr(TrainerGroup, "update_policy", update_policy_with_rank_1_killed)
     before = leftover_processes()
     with pytest.raises(TrainerRankError, match=r"actor rank 1 failed in update_policy: its process died"):
-        run_pipeline(config, warm=warm_engines)
+        run_pipeline(config, warm=warm_actors)
     assert killed and latest.read_text().strip() == "step_00000001"
-    assert warm_engines.kept is not None
-    assert_no_leftovers(before, warm=warm_engines)
+    assert warm_actors.kept is not None and warm_actors.kept.trainers == {}  # engines kept, the failed run's ranks not
+    assert_no_leftovers(before, warm=warm_actors)
 
     monkeypatch.setattr(TrainerGroup, "update_policy", update_policy)
-    num_taken = warm_engines.num_taken
-    resumed = run_pipeline(with_resume(config), warm=warm_engines)
-    assert warm_engines.num_taken == num_taken + 1
+    num_taken = warm_actors.num_taken
+    resumed = run_pipeline(with_resume(config), warm=warm_actors)
+    assert warm_actors.num_taken == num_taken + 1
     assert [h["step"] for h in resumed] == [2, 3]
     assert latest.read_text().strip() == "step_00000003"
     counts = assert_each_prompt_once(checkpoint_ledger(config.pipeline.output_dir))
     assert counts["trained"] == NUM_STEPS * BATCH
-    assert_no_leftovers(before, warm=warm_engines)
+    assert_no_leftovers(before, warm=warm_actors)
 
 
 class _BuilderThatFailsToStart:
@@ -88,14 +88,14 @@ class _BuilderThatFailsToStart:
         raise RuntimeError("batch builder failed to start")
 
 
-def test_a_run_whose_start_fails_leaves_no_actor(warm_engines, tmp_path, tiny_model_dir, monkeypatch):
+def test_a_run_whose_start_fails_leaves_no_actor(warm_actors, tmp_path, tiny_model_dir, monkeypatch):
     """Engines taken from the warm ones (if they match) are the run's: stopped with the rest."""
     monkeypatch.setattr(build, "BatchBuilder", _BuilderThatFailsToStart)
     before = leftover_processes()
     # The error is kept, as a notebook keeps its last traceback: its frames hold the handles of what
     # was started, so Ray's reference counting does not stop those actors; only the teardown does.
     with pytest.raises(RuntimeError, match="batch builder failed to start") as failure:
-        run_pipeline(tiny_config(tmp_path, tiny_model_dir), warm=warm_engines)
-    assert warm_engines.kept is None
+        run_pipeline(tiny_config(tmp_path, tiny_model_dir), warm=warm_actors)
+    assert warm_actors.kept is None
     assert_no_leftovers(before)
     assert failure.value.__traceback__ is not None

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.vllm
 
 # What turns a GPU-sized example into a 2-step CPU run on the tiny model; algorithm settings stay.
 # (`gpu_memory_utilization` is only the share of memory vLLM checks is free on CPU: one value for all
-# lets the examples whose other engine settings agree share their engines, `warm_engines`.)
+# lets the examples whose other engine settings agree share their engines, `warm_actors`.)
 TINY = [
     "model.preset=tiny", "model.dtype=auto", "data.train_files=[]", "data.val_files=[]", "data.num_train_rows=64",
     "data.num_val_rows=4", "data.max_prompt_tokens=256", "rollout.num_engines=1", "rollout.tensor_parallel_size=1",
@@ -52,10 +52,10 @@ def test_every_example_config_is_covered():
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.slow] if name in SLOW else [])
                                   for name in sorted(PER_EXAMPLE)])
-def test_example_runs_two_steps(warm_engines, tmp_path, tiny_model_dir, name):
+def test_example_runs_two_steps(warm_actors, tmp_path, tiny_model_dir, name):
     config = load_config(EXAMPLES / name, TINY + PER_EXAMPLE[name] + [
         f"model.path={tiny_model_dir}", f"pipeline.output_dir={tmp_path}"])
-    history = run_pipeline(config, warm=warm_engines)
+    history = run_pipeline(config, warm=warm_actors)
     assert [h["step"] for h in history] == [0, 1, 2]
     assert all(name in history[-1] for name in ("reward/mean", "actor/pg_loss", "timing_s/step"))
     if config.algorithm.advantage == "gae":

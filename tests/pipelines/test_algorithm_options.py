@@ -39,9 +39,9 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_algorithm_options_train_two_steps_together(warm_engines, tmp_path, tiny_model_dir, case):
+def test_algorithm_options_train_two_steps_together(warm_actors, tmp_path, tiny_model_dir, case):
     config = tiny_config(tmp_path, tiny_model_dir, *CASES[case])
-    history = run_pipeline(config, warm=warm_engines)
+    history = run_pipeline(config, warm=warm_actors)
     assert [h["step"] for h in history] == [0, 1, 2]
     last = history[-1]
     assert math.isfinite(last["actor/pg_loss"]) and last["actor/num_optimizer_steps"] >= 2, last

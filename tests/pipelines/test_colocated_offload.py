@@ -25,13 +25,13 @@ def times(log: list[dict], phase: str, tags: tuple = ()) -> list[float]:
     return [e["monotonic_s"] for e in log if e["phase"] == phase and tuple(e.get("tags", ())) == tags]
 
 
-def test_offload_keeps_the_phase_order_on_every_actor_and_changes_no_metric(warm_engines, tmp_path, tiny_model_dir):
+def test_offload_keeps_the_phase_order_on_every_actor_and_changes_no_metric(warm_actors, tmp_path, tiny_model_dir):
     overrides = ["algorithm.use_kl_loss=true"]  # a reference group, offloaded as well
-    warm_engines.close()  # engines of its own, whose phase logs begin with the run
+    warm_actors.close()  # engines of its own, whose phase logs begin with the run
     offloaded = run_pipeline(tiny_config(tmp_path / "o", tiny_model_dir, *overrides, "trainer.offload=true"),
-                             warm=warm_engines)
+                             warm=warm_actors)
     logs = json.loads((tmp_path / "o" / "run" / "phase_logs.json").read_text())
-    resident = run_pipeline(tiny_config(tmp_path / "r", tiny_model_dir, *overrides), warm=warm_engines)
+    resident = run_pipeline(tiny_config(tmp_path / "r", tiny_model_dir, *overrides), warm=warm_actors)
 
     assert set(logs) == {"engines", "actor", "reference"}
     trainer_ranks = {role: logs[role] for role in ("actor", "reference")}
@@ -74,7 +74,7 @@ def test_offload_keeps_the_phase_order_on_every_actor_and_changes_no_metric(warm
     assert [computed(step) for step in offloaded] == [computed(step) for step in resident]
 
 
-def test_exports_between_steps_bring_the_trainer_back_only_while_the_engines_sleep(warm_engines, tmp_path,
+def test_exports_between_steps_bring_the_trainer_back_only_while_the_engines_sleep(warm_actors, tmp_path,
                                                                                   tiny_model_dir):
     """Offloaded, the trainer's state comes back onto the device for each export (a gather); the
     engines sleep meanwhile and wake with the trained weights, at sleep level 2 (which drops them)
@@ -82,7 +82,7 @@ def test_exports_between_steps_bring_the_trainer_back_only_while_the_engines_sle
     phases and that the resend leaves the engines right, not the drop itself.)"""
     config = tiny_config(tmp_path, tiny_model_dir, "trainer.offload=true", "pipeline.export_hf_every_steps=1",
                          "rollout.sleep_level=2")
-    history = run_pipeline(config, warm=warm_engines)
+    history = run_pipeline(config, warm=warm_actors)
     logs = json.loads((tmp_path / "run" / "phase_logs.json").read_text())
     engine, actor = logs["engines"][0], logs["actor"][0]
     sleep_wake = [(e["monotonic_s"], e["phase"]) for e in engine if e["phase"] in ("sleep", "wake_up")]

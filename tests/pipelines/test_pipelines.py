@@ -28,30 +28,35 @@ NUM_STEPS = 3
 
 
 def _engine_identity(warm) -> list[tuple[str, int]]:
+    """The kept engines' and trainer ranks' actor ids and processes."""
     import ray
 
-    return [(engine._actor_id.hex(), ray.get(engine.health.remote(), timeout=60)["pid"]) for engine in warm.kept.engines]
+    ranks = [(worker._actor_id.hex(), info["pid"]) for group in warm.kept.trainers.values()
+             for worker, info in zip(group.workers, group.info, strict=True)]  # info: from setup or start_run
+    return [(engine._actor_id.hex(), ray.get(engine.health.remote(), timeout=60)["pid"])
+            for engine in warm.kept.engines] + ranks
 
 
 @pytest.fixture(scope="module")
-def first(warm_engines, tiny_model_dir, tmp_path_factory):
+def first(warm_actors, tiny_model_dir, tmp_path_factory):
     """3 colocated steps, a checkpoint at step 2; its engines started here and kept after."""
-    warm_engines.close()
+    warm_actors.close()
     config = tiny_config(tmp_path_factory.mktemp("first"), tiny_model_dir, f"pipeline.num_steps={NUM_STEPS}",
                          "pipeline.checkpoint_every_steps=2")
-    history = run_pipeline(config, warm=warm_engines)
-    return config, history, _engine_identity(warm_engines)
+    history = run_pipeline(config, warm=warm_actors)
+    return config, history, _engine_identity(warm_actors)
 
 
 @pytest.fixture(scope="module")
-def second(first, warm_engines, tmp_path_factory):
-    """The same run in another folder, on the engines `first` kept."""
+def second(first, warm_actors, tmp_path_factory):
+    """The same run in another folder, on the engines and trainer ranks `first` kept."""
     config = first[0].model_copy(deep=True)
     config.pipeline.output_dir = str(tmp_path_factory.mktemp("second") / "run")
-    num_taken = warm_engines.num_taken
-    history = run_pipeline(config, warm=warm_engines)
-    assert warm_engines.num_taken == num_taken + 1, "the second run started engines of its own"
-    return config, history, _engine_identity(warm_engines)
+    num_taken, num_trainers_taken = warm_actors.num_taken, warm_actors.num_trainers_taken
+    history = run_pipeline(config, warm=warm_actors)
+    assert warm_actors.num_taken == num_taken + 1, "the second run started engines of its own"
+    assert warm_actors.num_trainers_taken == num_trainers_taken + 1, "the second run started trainer ranks of its own"
+    return config, history, _engine_identity(warm_actors)
 
 
 def test_a_colocated_run_reports_every_step(first):
@@ -68,9 +73,10 @@ def test_a_colocated_run_reports_every_step(first):
     assert (output_dir / "checkpoints" / "latest").read_text().strip() == "step_00000002"
 
 
-def test_a_run_on_kept_engines_trains_exactly_like_one_that_started_them(first, second):
-    """The same vLLM processes served both runs, and every computed metric of every step repeats:
-    the taken engines generated with the second run's weights from its first token on."""
+def test_a_run_on_kept_engines_and_trainers_trains_exactly_like_one_that_started_them(first, second):
+    """The same vLLM processes and trainer ranks served both runs, and every computed metric of
+    every step repeats: the taken engines generated with the second run's weights from its first
+    token on, and the taken ranks trained from the model folder with a fresh optimizer."""
     (_, started, engines), (_, taken, same_engines) = first, second
     assert same_engines == engines
     assert [computed(step) for step in taken] == [computed(step) for step in started]
@@ -78,12 +84,12 @@ def test_a_run_on_kept_engines_trains_exactly_like_one_that_started_them(first, 
 
 
 def test_kept_engines_start_the_next_run_at_version_0_and_refuse_to_generate_before_its_weights(second,
-                                                                                              warm_engines):
+                                                                                              warm_actors):
     import ray
 
     from rlactors.types import PromptRequest
 
-    engine = warm_engines.kept.engines[0]
+    engine = warm_actors.kept.engines[0]
     health = ray.get(engine.health.remote(), timeout=60)
     assert health["policy_version"] == NUM_STEPS and health["asleep"]  # kept asleep, as the run left them
     ray.get(engine.new_run.remote(), timeout=60)
@@ -95,17 +101,17 @@ def test_kept_engines_start_the_next_run_at_version_0_and_refuse_to_generate_bef
     ray.get(engine.sleep.remote(), timeout=60)  # as kept: the next run sends its weights, then wakes it
 
 
-def test_a_resumed_run_reproduces_the_next_step_exactly(first, second, warm_engines):
+def test_a_resumed_run_reproduces_the_next_step_exactly(first, second, warm_actors):
     """From the second run's checkpoint at step 2: step 3 equals both uninterrupted runs' step 3."""
     config, uninterrupted, _ = second
-    resumed = run_pipeline(with_resume(config), warm=warm_engines)
+    resumed = run_pipeline(with_resume(config), warm=warm_actors)
     assert [h["step"] for h in resumed] == [NUM_STEPS]
     for name in ("reward/mean", "response_length/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy"):
         assert resumed[0][name] == pytest.approx(uninterrupted[NUM_STEPS][name], rel=1e-5, abs=1e-6), name
         assert resumed[0][name] == pytest.approx(first[1][NUM_STEPS][name], rel=1e-5, abs=1e-6), name
 
 
-def test_run_survives_a_crashed_rollout_engine(warm_engines, tmp_path, tiny_model_dir, monkeypatch):
+def test_run_survives_a_crashed_rollout_engine(warm_actors, tmp_path, tiny_model_dir, monkeypatch):
     """SIGKILL the engine process mid-run: Ray restarts it, the router reloads the current weights
     and re-sends its prompts, and every step still trains a full batch. (The engine the run took is
     not kept after: its restart is spent.)"""
@@ -132,16 +138,16 @@ def test_run_survives_a_crashed_rollout_engine(warm_engines, tmp_path, tiny_mode
 
     killer = threading.Thread(target=kill_engine_after_first_step, daemon=True)
     killer.start()
-    history = run_pipeline(config, warm=warm_engines)
+    history = run_pipeline(config, warm=warm_actors)
     killer.join(timeout=5)
     assert killed, "the engine was never killed"
     assert [h["step"] for h in history] == [0, 1, 2, 3, 4]
     assert all(h["response_length/mean"] > 0 for h in history[1:])
     assert history[-1]["policy_version"] == 4
-    assert warm_engines.kept is None  # a replica failed: nothing kept
+    assert warm_actors.kept is None  # a replica failed: nothing kept
 
 
-def test_no_rollout_data_reaches_the_driver(warm_engines, tmp_path, tiny_model_dir, monkeypatch):
+def test_no_rollout_data_reaches_the_driver(warm_actors, tmp_path, tiny_model_dir, monkeypatch):
     """Two colocated steps with every byte the driver process receives counted (`DriverBytes`):
     no Group, Sample, TrainBatch or tensor comes back by value, no engine, scorer or trainer
     result arrives inline, and all it receives is a fraction of the rollout bytes (the trained
@@ -160,7 +166,7 @@ def test_no_rollout_data_reaches_the_driver(warm_engines, tmp_path, tiny_model_d
     config = tiny_config(tmp_path, tiny_model_dir, "rollout.max_model_len=192", "rollout.sampling.max_response_tokens=128",
                          "rollout.sampling.ignore_eos=true")
     with DriverBytes() as received:
-        history = run_pipeline(config, warm=warm_engines)
+        history = run_pipeline(config, warm=warm_actors)
     assert [h["step"] for h in history] == [0, 1, 2] and history[-1]["response_length/mean"] == 128
     print(f"driver received {dict(received.total)} for rollouts of {rollout_bytes} bytes; "
           f"by source {dict(received.bytes_by_source.most_common())}")
@@ -174,11 +180,11 @@ def test_no_rollout_data_reaches_the_driver(warm_engines, tmp_path, tiny_model_d
 ASYNC = ["pipeline.mode=async", "rollout.partial_rollout=true"]
 
 
-def test_async_equals_colocated_when_strictly_on_policy(first, warm_engines, tmp_path, tiny_model_dir):
+def test_async_equals_colocated_when_strictly_on_policy(first, warm_actors, tmp_path, tiny_model_dir):
     """No staleness allowed: the producer waits for each publish, so nothing is interrupted and the
     async run trains the colocated run's batches."""
     fully_async = run_pipeline(tiny_config(tmp_path, tiny_model_dir, *ASYNC, "buffer.max_staleness=0",
-                                           "buffer.staleness_threshold=0"), warm=warm_engines)
+                                           "buffer.staleness_threshold=0"), warm=warm_actors)
     colocated = first[1]
     for name in ("reward/mean", "response_length/mean", "actor/pg_loss", "actor/ppo_kl", "actor/grad_norm",
                  "actor/entropy"):
@@ -187,21 +193,21 @@ def test_async_equals_colocated_when_strictly_on_policy(first, warm_engines, tmp
     assert fully_async[-1]["staleness/max"] == 0
 
 
-def test_async_with_staleness_and_partial_rollouts_keeps_the_bound(warm_engines, tmp_path, tiny_model_dir):
+def test_async_with_staleness_and_partial_rollouts_keeps_the_bound(warm_actors, tmp_path, tiny_model_dir):
     history = run_pipeline(tiny_config(
         tmp_path, tiny_model_dir, *ASYNC, "pipeline.num_steps=3", "buffer.max_staleness=1",
-        "buffer.staleness_threshold=1.0", "algorithm.rollout_correction.importance_level=token"), warm=warm_engines)
+        "buffer.staleness_threshold=1.0", "algorithm.rollout_correction.importance_level=token"), warm=warm_actors)
     assert len(history) == 4
     assert max(h["staleness/max"] for h in history[1:]) <= 1
 
 
 @pytest.mark.slow  # a driver process of its own; resume after a checkpoint is in make test above
-def test_resume_after_killing_the_driver_reproduces_the_next_step(first, warm_engines, ray_session, tmp_path,
+def test_resume_after_killing_the_driver_reproduces_the_next_step(first, warm_actors, ray_session, tmp_path,
                                                                   tiny_model_dir):
     """Kill the driver (SIGKILL) right after checkpoint 2; the resumed run's step 3 equals an
     uninterrupted run's step 3."""
     uninterrupted = first[1]
-    warm_engines.close()  # the driver process places its own engines on these CPUs
+    warm_actors.close()  # the driver process places its own engines on these CPUs
     config = tiny_config(tmp_path / "r", tiny_model_dir, "pipeline.num_steps=6", "pipeline.checkpoint_every_steps=2")
     config_path = tmp_path / "r.yaml"
     dump_config(config, config_path)
@@ -219,14 +225,14 @@ def test_resume_after_killing_the_driver_reproduces_the_next_step(first, warm_en
     finally:
         driver.kill()
         driver.wait()
-    resumed = run_pipeline(with_resume(config, num_steps=3), warm=warm_engines)
+    resumed = run_pipeline(with_resume(config, num_steps=3), warm=warm_actors)
     assert [h["step"] for h in resumed] == [3]
     for name in ("reward/mean", "response_length/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy"):
         assert resumed[0][name] == pytest.approx(uninterrupted[3][name], rel=1e-5, abs=1e-6), name
 
 
 @pytest.mark.slow  # the per-token guarantee is in make test at the engine (rollout/test_engine.py, partial rollout)
-def test_async_partial_rollouts_label_each_token_with_the_weights_that_made_it(warm_engines, tmp_path, tiny_model_dir,
+def test_async_partial_rollouts_label_each_token_with_the_weights_that_made_it(warm_actors, tmp_path, tiny_model_dir,
                                                                                reference, monkeypatch):
     """Fully-async, a weight update every step, responses long enough to be cut by one: responses
     span versions, and each token's logprob is that of the published weights its version names
@@ -241,7 +247,7 @@ def test_async_partial_rollouts_label_each_token_with_the_weights_that_made_it(w
     history = run_pipeline(tiny_config(
         tmp_path, tiny_model_dir, *ASYNC, "pipeline.num_steps=3", "buffer.max_staleness=1",
         "buffer.staleness_threshold=1.0", "rollout.max_model_len=96", "rollout.sampling.max_response_tokens=64",
-        "rollout.sampling.ignore_eos=true"), warm=warm_engines)
+        "rollout.sampling.ignore_eos=true"), warm=warm_actors)
     assert max(h["staleness/max"] for h in history[1:]) <= 1
     model, _ = reference
     published.setdefault(0, model.state_dict())  # engines started for the run hold the checkpoint's weights

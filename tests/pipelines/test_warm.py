@@ -1,4 +1,4 @@
-"""`WarmEngines` on real actors and placement groups, with engines that only answer the calls it
+"""`WarmActors` on real actors and placement groups, with engines that only answer the calls it
 makes (a run on kept vLLM engines, trained exactly like one that started them, is in
 tests/pipelines/test_pipelines.py): what is taken, kept, refused and stopped."""
 
@@ -6,7 +6,8 @@ import pytest
 import ray
 from conftest import actor_gone
 
-from rlactors.pipelines.warm import WarmEngines
+from rlactors.config import TrainerConfig
+from rlactors.pipelines.warm import WarmActors, trainer_key
 from rlactors.placement.cluster import Placement
 from rlactors.rollout.router import RolloutRouter
 
@@ -40,7 +41,7 @@ def _placement() -> Placement:
     return Placement(plan=None, groups={("rollout", 0): (group, [0])})
 
 
-def _kept_run(warm: WarmEngines, key: tuple) -> tuple[RolloutRouter, Placement]:
+def _kept_run(warm: WarmActors, key: tuple) -> tuple[RolloutRouter, Placement]:
     engines = [Engine.remote() for _ in range(2)]
     router, placement = RolloutRouter(engines), _placement()
     assert warm.keep(key, placement, router)
@@ -52,7 +53,7 @@ def _removed(group) -> bool:
 
 
 def test_kept_engines_sleep_without_a_trainer_and_are_taken_by_the_same_key_only(ray_session):
-    warm = WarmEngines()
+    warm = WarmActors()
     router, placement = _kept_run(warm, ("model", "settings", "plan"))
     at_rest = ["abort None", "shutdown_weight_transfer", "sleep"]
     assert [ray.get(e.calls_made.remote(), timeout=30) for e in router.engines] == [at_rest] * 2
@@ -67,7 +68,7 @@ def test_kept_engines_sleep_without_a_trainer_and_are_taken_by_the_same_key_only
 
 
 def test_a_run_that_lost_a_replica_keeps_nothing_and_one_that_failed_otherwise_keeps_its_engines(ray_session):
-    warm = WarmEngines()
+    warm = WarmActors()
     router = RolloutRouter([Engine.remote()])
     router.replicas.mark_dead({0: "killed"})  # as a failed start or a spent restart leaves it
     assert not warm.keep(("key",), _placement(), router) and warm.kept is None
@@ -84,7 +85,7 @@ def test_a_run_that_lost_a_replica_keeps_nothing_and_one_that_failed_otherwise_k
 
 
 def test_keeping_stops_what_was_kept_before_and_close_stops_the_rest(ray_session):
-    warm = WarmEngines()
+    warm = WarmActors()
     old_router, old_placement = _kept_run(warm, ("a",))
     (old_group, _), = old_placement.groups.values()
     new_router, new_placement = _kept_run(warm, ("b",))  # one set at a time
@@ -96,7 +97,7 @@ def test_keeping_stops_what_was_kept_before_and_close_stops_the_rest(ray_session
 
 
 def test_engines_kept_on_a_cluster_that_is_gone_are_dropped_untouched(ray_session):
-    warm = WarmEngines()
+    warm = WarmActors()
     router, placement = _kept_run(warm, ("key",))
     warm.kept.cluster = "a cluster since shut down"
     assert warm.take(("key",)) is None and warm.kept is None
@@ -105,3 +106,33 @@ def test_engines_kept_on_a_cluster_that_is_gone_are_dropped_untouched(ray_sessio
         ray.kill(engine)
     placement.release()
 
+
+
+class _Group:
+    """What `take_trainers` and the teardown ask of a trainer group: its role, rank actors, shutdown."""
+
+    def __init__(self, role):
+        self.role, self.workers, self.shut_down = role, [Engine.remote()], False
+
+    def shutdown(self):
+        self.shut_down = True
+
+
+def test_a_run_takes_the_kept_trainer_groups_whose_ranks_would_start_alike_and_the_rest_are_stopped(ray_session):
+    trainer = TrainerConfig()
+    assert trainer_key("actor", trainer) == trainer_key("actor", trainer.model_copy(update={"max_tokens_per_micro_batch": 7}))
+    for other in ({"num_workers": 2}, {"cpu_cores": "all"}, {"num_cpus_per_worker": 2.0}, {"collective_timeout_s": 5}):
+        assert trainer_key("actor", trainer) != trainer_key("actor", trainer.model_copy(update=other)), other
+    warm = WarmActors()
+    actor, critic = _Group("actor"), _Group("critic")
+    router = RolloutRouter([Engine.remote()])
+    assert warm.keep(("key",), _placement(), router, {trainer_key("actor", trainer): actor,
+                                                       trainer_key("critic", trainer): critic})
+    kept = warm.take(("key",))
+    taken = warm.take_trainers(kept, [trainer_key("actor", trainer), trainer_key("reference", trainer)])
+    assert taken == {trainer_key("actor", trainer): actor} and warm.num_trainers_taken == 1
+    assert critic.shut_down and actor_gone(critic.workers[0])  # its bundles are the run's now
+    assert not actor.shut_down and not actor_gone(actor.workers[0], timeout_s=2)
+    warm.keep(("key",), kept.placement, router, taken)
+    warm.close()
+    assert actor.shut_down and all(actor_gone(a) for a in [*actor.workers, *router.engines])

@@ -333,6 +333,26 @@ def test_state_dict_round_trip(engine, reference):
         ray.get(engine.start_weight_update.remote(state["policy_version"]))
 
 
+def test_another_run_s_sampling_is_taken_and_other_engine_settings_are_refused_naming_them(engine, reference):
+    """What a run that takes kept engines hands them (`RolloutEngine.new_run`, and `ready` for a
+    replica Ray restarted): the per-run rollout settings; a started engine cannot change the rest."""
+    import ray
+
+    _, tokenizer = reference
+    started = ray.get(engine.__ray_call__.remote(lambda self: self.config), timeout=60)
+    other = started.model_copy(update={"max_model_len": started.max_model_len + 1, "enforce_eager": False})
+    with pytest.raises(ray.exceptions.RayTaskError, match=r"other rollout\.enforce_eager, rollout\.max_model_len$"):
+        ray.get(engine.use_run_settings.remote(other), timeout=60)
+    short = SamplingConfig(num_samples_per_prompt=3, max_response_tokens=2, ignore_eos=True)
+    try:
+        ray.get(engine.ready.remote(started.model_copy(update={"sampling": short, "on_abort": "requeue"})), timeout=60)
+        group, = collect(engine, prompts(tokenizer, ["x"]))  # no sampling given: the run's
+        assert [s.num_response_tokens for s in group.samples] == [2, 2, 2]
+    finally:
+        ray.get(engine.use_run_settings.remote(started), timeout=60)
+    assert ray.get(engine.__ray_call__.remote(lambda self: self.config), timeout=60) == started
+
+
 def test_cpu_front_end_and_engine_core_stay_off_the_model_cores(engine):
     import os
 

@@ -71,6 +71,10 @@ def test_killed_replica_requests_are_resent_and_it_restarts_with_current_weights
     requests = prompts(tokenizer, [f"item {i}:" for i in range(16)], prefix="k")
     stream = router.generate(requests, long_sampling())
     victim = router.engines[1]
+    # As in a run on engines kept from another (`new_run`): the restarted replica, constructed with
+    # the settings it first started with, is handed this run's.
+    started = ray.get(victim.__ray_call__.remote(lambda self: self.config), timeout=60)
+    router.replicas.run_settings = started.model_copy(update={"stall_timeout_s": started.stall_timeout_s + 1})
     wait_until_generating(victim)
     ray.kill(victim, no_restart=False)  # Ray restarts it (max_restarts=1)
     groups = list(stream)
@@ -85,6 +89,7 @@ def test_killed_replica_requests_are_resent_and_it_restarts_with_current_weights
 
     assert [h["state"] for h in router.wait_until_healthy(timeout_s=600)] == ["healthy", "healthy"]
     assert ray.get(victim.health.remote())["policy_version"] == 2
+    assert ray.get(victim.__ray_call__.remote(lambda self: self.config), timeout=60) == router.replicas.run_settings
     # The restarted replica generates with the current weights, not the checkpoint it started from.
     greedy = SamplingConfig(num_samples_per_prompt=1, temperature=0.0, max_response_tokens=16, ignore_eos=True)
     texts = ["12+34=", "hello"]

@@ -216,6 +216,36 @@ def test_forward_after_updates_uses_the_current_weights(ray_session, tiny_model_
         torch.testing.assert_close(logprobs[i], expected, rtol=1e-5, atol=1e-5)
 
 
+def test_start_run_makes_a_used_group_what_a_new_one_is(ray_session, tiny_model_dir):
+    """A group kept for the next run (`rlactors.pipelines.warm`): after two updates, `start_run`
+    brings back the model folder's weights, a fresh optimizer (Adam's first step differs from its
+    second), the schedule's first step (warm-up: the lr grows per step) and the counters, on the
+    same processes; the next update is the group's first update again, to the bit."""
+    batch = random_batch(6, seed=4)
+    random_fields(batch, ["advantages"], seed=5)
+    config = trainer_config(num_workers=2, optim=OptimConfig(lr=2e-3, warmup_steps=4))
+    group = TrainerGroup("actor", tiny_model_dir, config, AlgorithmConfig(), norm_tokens=16)
+
+    def update() -> tuple[dict, dict]:
+        batch.set_field("old_logprobs", group.compute_logprobs(batch, TEMPERATURE)["logprobs"])
+        return group.update_policy(batch, TEMPERATURE), weights(group)
+
+    try:
+        initial = weights(group)
+        first_metrics, first_weights = update()
+        second_metrics, _ = update()
+        assert second_metrics["actor/lr"] > first_metrics["actor/lr"]
+        pids = [info["pid"] for info in group.info]
+        group.start_run(tiny_model_dir, config, AlgorithmConfig(), norm_tokens=16)
+        assert [info["pid"] for info in group.info] == pids
+        assert max_difference(weights(group), initial) == 0
+        metrics, updated = update()
+        assert metrics == first_metrics
+        assert max_difference(updated, first_weights) == 0
+    finally:
+        group.shutdown()
+
+
 def test_cpu_cores_all_pins_a_rank_to_every_core_it_may_use(ray_session, tiny_model_dir):
     import os
 

@@ -1,7 +1,7 @@
 """Drivers that compose the actors into GRPO, DAPO and PPO (the algorithm is configuration:
 `algorithm.advantage`, clip ranges, KL, dynamic sampling), in colocated or fully-async mode.
-`warm` (a `rlactors.pipelines.warm.WarmEngines`) keeps the rollout engines started from one run
-to the next in the same process."""
+`warm` (a `rlactors.pipelines.warm.WarmActors`) keeps the rollout engines and trainer groups
+started from one run to the next in the same process."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ from rlactors.device import default_dtype
 from rlactors.models import ensure_run_model, load_tokenizer
 from rlactors.pipelines.batch_builder import BatchBuilder
 from rlactors.pipelines.teardown import run_parts, stop_all
-from rlactors.pipelines.warm import WarmEngines, engine_key
+from rlactors.pipelines.warm import WarmActors, engine_key, trainer_key
 from rlactors.placement import trainer_roles
 from rlactors.placement.cluster import Placement, check_visible_everywhere, plan_for_cluster
 from rlactors.reward.scorer import RewardPool
@@ -78,11 +78,13 @@ class Run:
     placement: Placement | None = None  # the run's plan and placement groups
     builder: ray.actor.ActorHandle | None = None  # BatchBuilder: train batches and validation, off the driver
     weight_sync: WeightSyncSettings | None = None  # how the actor's weights reach the engines
-    # Engines kept between runs (`rlactors.pipelines.warm`): where they go back at the end, their key,
-    # and whether this run took them (they hold the last run's weights until `begin` sends these).
-    warm: WarmEngines | None = None
+    # Engines and trainer groups kept between runs (`rlactors.pipelines.warm`): where they go back at
+    # the end, the engines' key, and whether this run took them (they hold the last run's weights
+    # until `begin` sends these).
+    warm: WarmActors | None = None
     engine_key: tuple | None = None
     engines_taken: bool = False
+    finished: bool = False  # the last step done and logged (`finish`): only then are trainer groups kept
     step: int = 0
     policy_version: int = 0
     exported_step: int | None = None  # the step of this process's last Hugging Face export
@@ -96,10 +98,15 @@ class Run:
         """Stop every actor (trainer ranks, engines, reward scorers, buffer, builder), each bounded
         and killed if it fails or hangs, then release the placement groups; the errors are
         reported once everything is down (`rlactors.pipelines.teardown`). With `warm`, the engines
-        and their placement go back to it instead, unless a replica failed (`WarmEngines.keep`)."""
-        kept = self.warm is not None and self.warm.keep(self.engine_key, self.placement, self.router)
-        stop_all(run_parts((self.actor, self.reference, self.critic), None if kept else self.router, self.reward,
-                           self.buffer, self.builder), None if kept else self.placement)
+        and their placement go back to it instead, unless a replica failed (`WarmActors.keep`), and
+        with them the trainer groups of a finished run."""
+        groups = [group for group in (self.actor, self.reference, self.critic) if group is not None]
+        healthy = {trainer_key(group.role, group.trainer): group for group in groups
+                   if self.finished and group.stopped is None}
+        kept = self.warm is not None and self.warm.keep(self.engine_key, self.placement, self.router, healthy)
+        stop_all(run_parts([group for group in groups if not (kept and group in healthy.values())],
+                           None if kept else self.router, self.reward, self.buffer, self.builder),
+                 None if kept else self.placement)
 
 
 def data_files(config: Config, output_dir: Path) -> tuple[list[str], list[str]]:
@@ -128,10 +135,11 @@ def trainer_settings(config: Config, device_kind: str) -> TrainerConfig:
     return trainer
 
 
-def build_run(config: Config, model_path: str | None = None, warm: WarmEngines | None = None) -> Run:
+def build_run(config: Config, model_path: str | None = None, warm: WarmActors | None = None) -> Run:
     """Validate data, build the model if asked, plan the run on the cluster and reserve its
     devices, then start every actor the config needs in its place. With `warm`, engines kept by an
-    earlier run with the same settings and plan are taken instead of started (`rlactors.pipelines.warm`)."""
+    earlier run with the same settings and plan are taken instead of started, and its trainer groups
+    whose processes match (`rlactors.pipelines.warm`)."""
     output_dir = Path(config.pipeline.output_dir).absolute()  # once: every actor on every node gets this path
     output_dir.mkdir(parents=True, exist_ok=True)
     dump_config(config, output_dir / "config.yaml")
@@ -158,14 +166,22 @@ def build_run(config: Config, model_path: str | None = None, warm: WarmEngines |
     kept = warm.take(key) if warm is not None else None
     placement = kept.placement if kept else Placement.reserve(plan, config.pipeline.placement_timeout_s)
     trainers: dict[str, TrainerGroup] = {}
+    taken: dict[tuple, TrainerGroup] = {}  # kept groups not yet given to a role
     router = reward = buffer = builder = None
     try:
         algorithm, sampling = config.algorithm, config.rollout.sampling
         norm_tokens = algorithm.loss_norm_tokens or sampling.max_response_tokens
         trainer_config = trainer_settings(config, plan.cluster.device_kind)
-        for role in trainer_roles(config):
-            trainers[role] = TrainerGroup(role, model_path, trainer_config, algorithm, seed=config.pipeline.seed,
-                                          norm_tokens=norm_tokens, placement=placement)
+        keys = {role: trainer_key(role, trainer_config) for role in trainer_roles(config)}
+        if kept:
+            taken = warm.take_trainers(kept, list(keys.values()))
+        for role, role_key in keys.items():
+            if role_key in taken:
+                trainers[role] = taken.pop(role_key)
+                trainers[role].start_run(model_path, trainer_config, algorithm, config.pipeline.seed, norm_tokens)
+            else:
+                trainers[role] = TrainerGroup(role, model_path, trainer_config, algorithm, seed=config.pipeline.seed,
+                                              norm_tokens=norm_tokens, placement=placement)
         if config.trainer.offload and config.pipeline.mode == "colocated":
             # Before the engines start: vLLM claims its share of the device only if it is free, and
             # the first generation then has the device to itself.
@@ -175,7 +191,7 @@ def build_run(config: Config, model_path: str | None = None, warm: WarmEngines |
         # trainer sends them the current weights before they get work again (set_weight_loader below).
         if kept:
             router = RolloutRouter.over(kept.engines, config.rollout)
-            router.new_run()
+            router.new_run(config.rollout)
         else:
             router = RolloutRouter.create(model_path, config.rollout, max_restarts=1, placement=placement,
                                           dtype=config.model.dtype, weight_backend=transport.vllm_backend)
@@ -187,7 +203,7 @@ def build_run(config: Config, model_path: str | None = None, warm: WarmEngines |
         builder = BatchBuilder.options(**placement.near("actor")).remote(algorithm, model_path)
     except BaseException:
         # Everything started so far, in and outside the placement groups; the error stays the one raised.
-        stop_all(run_parts(trainers.values(), router, reward, buffer, builder), placement)
+        stop_all(run_parts([*trainers.values(), *taken.values()], router, reward, buffer, builder), placement)
         raise
     kl_controller = (algorithms.AdaptiveKLController(algorithm.kl_coef, algorithm.kl_target, algorithm.kl_horizon)
                      if algorithm.kl_controller == "adaptive" else algorithms.FixedKLController(algorithm.kl_coef))

@@ -31,7 +31,7 @@ from rlactors.pipelines.common import (
     timed,
     update,
 )
-from rlactors.pipelines.warm import WarmEngines
+from rlactors.pipelines.warm import WarmActors
 from rlactors.trainer.group import TrainerGroup
 
 
@@ -84,7 +84,7 @@ def save_phase_logs(run: Run) -> Path:
 
 
 def run_colocated(config: Config, model_path: str | None = None,
-                  warm: WarmEngines | None = None) -> list[dict]:
+                  warm: WarmActors | None = None) -> list[dict]:
     """Train `config.pipeline.num_steps` steps; returns the per-step metrics (also in metrics.jsonl)."""
     run = build_run(config, model_path, warm)  # with trainer.offload the trainers start offloaded
     offload = config.trainer.offload

@@ -359,3 +359,4 @@ def finish(run: Run, logger: MetricsLogger) -> None:
     logger.close()
     png = plot_metrics(logger.path, run.output_dir / "metrics.png")
     print(f"metrics: {logger.path}\nplot: {png}\nmodel: {model} (Hugging Face folder)")
+    run.finished = True

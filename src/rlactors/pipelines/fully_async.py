@@ -35,7 +35,7 @@ from rlactors.pipelines.common import (
     sync_weights,
     update,
 )
-from rlactors.pipelines.warm import WarmEngines
+from rlactors.pipelines.warm import WarmActors
 
 
 class Producer(threading.Thread):
@@ -92,7 +92,7 @@ def next_batch(run: Run, producer: Producer):
 
 
 def run_fully_async(config: Config, model_path: str | None = None,
-                    warm: WarmEngines | None = None) -> list[dict]:
+                    warm: WarmActors | None = None) -> list[dict]:
     """Train `config.pipeline.num_steps` steps; returns the per-step metrics (also in metrics.jsonl)."""
     run = build_run(config, model_path, warm)
     history = []

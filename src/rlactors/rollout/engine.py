@@ -172,8 +172,13 @@ class RolloutEngine:
 
     # ---------------------------------------------------------------- lifecycle
 
-    async def ready(self) -> dict:
-        """Start the vLLM engine if not started; returns `health()` (raises: see Failures above)."""
+    async def ready(self, config: RolloutConfig | None = None) -> dict:
+        """Start the vLLM engine if not started; returns `health()` (raises: see Failures above).
+        With `config`, serve by its per-run fields (`use_run_settings`): how a replica Ray restarted
+        (its constructor has the settings of the run that started it) gets those of a later run
+        that took it from another (`rlactors.pipelines.warm`)."""
+        if config is not None:
+            self.use_run_settings(config)
         async with self._start_lock:
             if self.start_error is not None:
                 raise RuntimeError(self.start_error)
@@ -215,19 +220,31 @@ class RolloutEngine:
             "vllm": self.vllm_features.describe() if self.vllm_features is not None else None,
         }
 
-    async def new_run(self) -> None:
-        """Serve another run from policy_version 0, with an empty phase log and counters. Only an
-        idle, healthy engine can: nothing in flight, no weight update open. Until the next weight
-        update it holds the last run's weights, and `generate` refuses."""
+    async def new_run(self, config: RolloutConfig | None = None) -> None:
+        """Serve another run from policy_version 0, with an empty phase log and counters, and that
+        run's `config` (its `RolloutConfig.PER_RUN` fields; the others must be those this engine
+        started with). Only an idle, healthy engine can: nothing in flight, no weight update open.
+        Until the next weight update it holds the last run's weights, and `generate` refuses."""
         await self.ready()
         if self._in_flight or self._update is not None or self.weights_mixed:
             raise RuntimeError(f"new_run: the engine is busy ({len(self._in_flight)} request(s) in flight, weight "
                                f"update open: {self._update is not None or self.weights_mixed})")
+        if config is not None:
+            self.use_run_settings(config)
         self.policy_version, self.num_interrupted, self.num_version_disagreements = 0, 0, 0
         self.phases = PhaseLog()
         self._user_aborted.clear()
         self._weights_of_last_run = True
         await self._vllm("new_run", self.llm.update_weight_version("0"))
+
+    def use_run_settings(self, config: RolloutConfig) -> None:
+        """Serve by `config`'s `RolloutConfig.PER_RUN` fields (sampling, episodes, interruptions);
+        its other fields must be those this engine started with."""
+        started, asked = self.config.start_settings(), config.start_settings()
+        if started != asked:
+            differ = sorted(name for name in started if started[name] != asked[name])
+            raise ValueError(f"this engine was started with other rollout.{', rollout.'.join(differ)}")
+        self.config = config
 
     def state_dict(self) -> dict:
         return {"policy_version": self.policy_version}

@@ -51,6 +51,9 @@ class Replicas:
         # Loads the current weights into a revived replica: (index -> (engine, incarnation),
         # policy_version) -> ObjectRef of the sync's figures. None: it gets the version label only.
         self.weight_loader = None
+        # A run on engines kept from another (`RolloutRouter.new_run`): its rollout settings, which a
+        # replica Ray restarts (constructed with the other run's) gets with ready().
+        self.run_settings = None
         # The version each replica is known to hold (its last completed load): every token it
         # generates from now on carries this version or a newer one, unless it restarted unseen.
         self.loaded_versions = [policy_version] * num_engines
@@ -128,7 +131,7 @@ class Replicas:
         # ActorUnavailableError while it is restarting (asked again a second later) and with
         # ActorDiedError once it has no restarts left (the replica is then dead). Lock held.
         self._retry_at.pop(index, None)
-        self._revivals[index] = self.engines[index].ready.remote()
+        self._revivals[index] = self.engines[index].ready.remote(self.run_settings)
 
     def _give_up(self, index: int, reason: str) -> None:
         """The replica is dead for the rest of the run; its actor is ended (lock held)."""

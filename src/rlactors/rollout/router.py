@@ -364,10 +364,11 @@ class RolloutRouter:
         """End whatever every live replica generates now (its groups come back aborted)."""
         self._call(self.replicas.live(), "abort", None)
 
-    def new_run(self) -> None:
-        """Every replica serves a new run from policy_version 0 (engines kept from another run;
-        they refuse to generate until this run's first weight sync)."""
-        self._call(self.replicas.live(), "new_run")
+    def new_run(self, config: RolloutConfig | None = None) -> None:
+        """Every replica serves a new run from policy_version 0, with that run's `config` (engines
+        kept from another run; they refuse to generate until this run's first weight sync)."""
+        self.replicas.run_settings = config
+        self._call(self.replicas.live(), "new_run", config)
 
     def stop_weight_transfer(self) -> None:
         """Every live replica leaves its weight-transfer engine (an NCCL group, mapped segments), as

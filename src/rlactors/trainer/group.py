@@ -51,6 +51,14 @@ BatchArg = TrainBatch | TrainBatchRef | ray.ObjectRef  # by value, in the object
 SHUTDOWN_TIMEOUT_S = 15.0
 
 
+def check_norm_tokens(algorithm: AlgorithmConfig, norm_tokens: int | None) -> AlgorithmConfig:
+    """`algorithm`, if its loss mode has the constant it needs."""
+    if algorithm.loss_agg_mode == "seq-mean-token-sum-norm" and (algorithm.loss_norm_tokens or norm_tokens) is None:
+        raise ValueError("algorithm.loss_agg_mode 'seq-mean-token-sum-norm' needs algorithm.loss_norm_tokens "
+                         "or the group's norm_tokens (e.g. the maximum response length)")
+    return algorithm
+
+
 class TrainerGroup:
     def __init__(self, role: str, model_path: str, trainer: TrainerConfig, algorithm: AlgorithmConfig | None = None,
                  seed: int = 0, norm_tokens: int | None = None, placement=None):
@@ -59,10 +67,7 @@ class TrainerGroup:
         (e.g. the maximum response length). `placement` (a `rlactors.placement.cluster.Placement`)
         gives each rank its bundle and resources; without it each rank asks for a whole GPU when the
         cluster has GPUs."""
-        algorithm = algorithm or AlgorithmConfig()
-        if algorithm.loss_agg_mode == "seq-mean-token-sum-norm" and (algorithm.loss_norm_tokens or norm_tokens) is None:
-            raise ValueError("algorithm.loss_agg_mode 'seq-mean-token-sum-norm' needs algorithm.loss_norm_tokens "
-                             "or the group's norm_tokens (e.g. the maximum response length)")
+        algorithm = check_norm_tokens(algorithm or AlgorithmConfig(), norm_tokens)
         self.role, self.trainer = role, trainer
         self.num_workers = trainer.num_workers
         self.stopped: str | None = None  # why the ranks are gone (a failure, or shutdown)
@@ -82,6 +87,17 @@ class TrainerGroup:
             kill_ranks(self.workers)  # also on an interrupt: ranks half-way into the rendezvous
             self.workers = []
             raise
+
+    def start_run(self, model_path: str, trainer: TrainerConfig, algorithm: AlgorithmConfig | None = None,
+                  seed: int = 0, norm_tokens: int | None = None) -> None:
+        """Begin another run on these ranks, as a new group would with these arguments (a fresh
+        model, optimizer, schedule, RNG; `TrainerWorker.start_run`), without starting processes or a
+        process group: for groups kept between runs (`rlactors.pipelines.warm`), which match this
+        group's ranks, cores and collective timeout (`rlactors.pipelines.warm.trainer_key`)."""
+        algorithm = check_norm_tokens(algorithm or AlgorithmConfig(), norm_tokens)
+        self.trainer = trainer
+        self.info = self._on_all("start_run", self.role, str(model_path), trainer, algorithm, seed,
+                                 algorithm.loss_norm_tokens or norm_tokens)
 
     def _wait(self, refs: list[ray.ObjectRef], call: str) -> list:
         """The ranks' results of `call` (refs[i] from rank i); at the first failure, or past

@@ -85,8 +85,8 @@ class TrainerWorker:
 
     def setup(self, role: str, model_path: str, master_addr: str, master_port: int, trainer: TrainerConfig,
               algorithm: AlgorithmConfig, seed: int = 0, norm_tokens: int | None = None) -> dict:
-        self.role, self.model_path, self.trainer, self.algorithm = role, model_path, trainer, algorithm
-        self.norm_tokens = norm_tokens
+        """Join the group's process group, pin this process's threads, then `start_run`. What is set
+        here lasts as long as the process (`rlactors.pipelines.warm.trainer_key` names it)."""
         self.mesh = fsdp.init_distributed(self.rank, self.world_size, master_addr, master_port,
                                           trainer.collective_timeout_s)
         self.device = torch.device(self.mesh.device_type, torch.cuda.current_device()) \
@@ -96,6 +96,23 @@ class TrainerWorker:
             cores = sorted(os.sched_getaffinity(0)) if trainer.cpu_cores == "all" else trainer.cpu_cores
             os.sched_setaffinity(0, cores)
             torch.set_num_threads(len(cores))
+        return self.start_run(role, model_path, trainer, algorithm, seed, norm_tokens)
+
+    def start_run(self, role: str, model_path: str, trainer: TrainerConfig, algorithm: AlgorithmConfig,
+                  seed: int = 0, norm_tokens: int | None = None) -> dict:
+        """Everything a run's training state is, made anew: the model from `model_path`, a fresh
+        optimizer and schedule, step counters, the weight sender, the phase log, the RNG seeded
+        from `seed`. A rank kept from an earlier run (`rlactors.pipelines.warm`) is then what a
+        new one would be; only its process, process group and thread pinning stay."""
+        if self.weight_sender is not None:  # tied to the engines' transfer of the run before
+            self.weight_sender.shutdown()
+        self.weight_sender = None
+        self.model = self.optimizer = self.scheduler = None  # the last run's memory, before the new model's
+        self.num_optimizer_steps = self.num_skipped_steps = 0
+        self.offloaded = False
+        self.phases = PhaseLog()
+        self.role, self.model_path, self.trainer, self.algorithm = role, model_path, trainer, algorithm
+        self.norm_tokens = norm_tokens
         model = fsdp.load_role_model(model_path, role, seed)
         self.architecture = type(model).__name__  # before FSDP2 renames the class
         self.pad_token_id = model.config.pad_token_id or 0
@@ -104,7 +121,6 @@ class TrainerWorker:
         model.requires_grad_(trainable)
         self.model = fsdp.shard_model(model, self.mesh, trainable and trainer.gradient_checkpointing)
         self.model.train(trainable)
-        self.optimizer = self.scheduler = None
         if trainable:
             optim = trainer.critic_optim if role == "critic" else trainer.optim
             self.optim_config = optim
@@ -112,7 +128,8 @@ class TrainerWorker:
                                                weight_decay=optim.weight_decay)
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: fsdp.lr_multiplier(
                 step, optim.warmup_steps, optim.total_steps, optim.lr_schedule, optim.min_lr_ratio))
-        torch.manual_seed(seed + self.rank)  # per-rank stream for anything random in training (saved in checkpoints)
+        torch.manual_seed(seed + self.rank)  # per-rank streams for anything random in training (saved in checkpoints)
+        random.seed(seed + self.rank)
         return {"rank": self.rank, "pid": os.getpid(), "device": str(self.device), "num_parameters": sum(
             p.numel() for p in self.model.parameters())}
 
