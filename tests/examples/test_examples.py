@@ -40,18 +40,20 @@ PER_EXAMPLE = {
 # In make test: DAPO async with dynamic sampling, PPO with a critic. The others differ from these in
 # settings other runs of make test check: GRPO colocated with a KL loss on a reference trainer
 # (tests/pipelines/test_algorithm_options.py, tests/pipelines/test_pipelines.py), GSPO's and CISPO's
-# policy losses (test_algorithm_options.py, tests/trainer/test_policy_objective.py), and the
-# quickstart, which tests/cluster/test_job_submit.py runs as a submitted job.
-SLOW = {"gsm8k_grpo_qwen3_8b.yaml", "gsm8k_gspo_qwen3_8b.yaml", "math_cispo_qwen2.5_math_7b.yaml",
-        "quickstart_cpu.yaml"}
+# policy losses (test_algorithm_options.py, tests/trainer/test_policy_objective.py).
+SLOW = {"gsm8k_grpo_qwen3_8b.yaml", "gsm8k_gspo_qwen3_8b.yaml", "math_cispo_qwen2.5_math_7b.yaml"}
+# Run end to end on the tiny model by other tests, with tiny overrides of their own: not a third time here.
+RUN_ELSEWHERE = {"quickstart_cpu.yaml": "tests/cluster/test_job_submit.py runs it as a submitted job (make test), "
+                                        "tests/test_logs.py through `python -m rlactors run` with its own Ray"}
 
 
 def test_every_example_config_is_covered():
     assert {p.name for p in EXAMPLES.glob("*.yaml")} == set(PER_EXAMPLE)
+    assert set(RUN_ELSEWHERE) <= set(PER_EXAMPLE)
 
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.slow] if name in SLOW else [])
-                                  for name in sorted(PER_EXAMPLE)])
+                                  for name in sorted(set(PER_EXAMPLE) - set(RUN_ELSEWHERE))])
 def test_example_runs_two_steps(warm_actors, tmp_path, tiny_model_dir, name):
     config = load_config(EXAMPLES / name, TINY + PER_EXAMPLE[name] + [
         f"model.path={tiny_model_dir}", f"pipeline.output_dir={tmp_path}"])

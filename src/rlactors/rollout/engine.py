@@ -72,8 +72,10 @@ call (one waiting on it too) raises vLLM's EngineDeadError and `health()` gives 
 vLLM's processes die with the actor (`rlactors.rollout.vllm_plugin`).
 
 Another run (`new_run`, for engines kept between runs, `rlactors.pipelines.warm`): the policy
-version goes back to 0 and the phase log and counters start empty; the engine still holds the last
-run's weights, so it refuses to generate until a weight update has loaded the new run's.
+version goes back to 0, the phase log and counters start empty, and the engine serves by the new
+run's per-run rollout settings (`RolloutConfig.PER_RUN`; a replica Ray restarts gets them with
+`ready`); it still holds the last run's weights, so it refuses to generate until a weight update
+has loaded the new run's.
 
 Checkpoint (`state_dict`): the `policy_version` only. Weights belong to the trainer: after a
 restore, or a restart, the trainer sends them again.
