@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 from trainer_helpers import (
+    KeptGroup,
     assert_ranks_gone,
     max_difference,
     random_batch,
@@ -36,25 +37,31 @@ def _importance_weights(batch):
                                            for r in batch.response_token_ids])
 
 
-def _run_update(model_dir, config, batch, old_logprobs):
-    group = TrainerGroup("actor", model_dir, config, ALGORITHM)
-    try:
-        logprobs = group.compute_logprobs(batch, TEMPERATURE)["logprobs"]
-        if old_logprobs is None:
-            old_logprobs = logprobs
-        torch.testing.assert_close(torch.cat(logprobs), torch.cat(old_logprobs), rtol=0, atol=1e-5)
-        batch.set_field("old_logprobs", old_logprobs)
-        batch.set_field("ref_logprobs", [lp + 0.1 * torch.randn(len(lp), generator=torch.Generator().manual_seed(1))
-                                         for lp in old_logprobs])
-        batch.set_field("rollout_logprobs", [lp - 0.05 for lp in old_logprobs])
-        _importance_weights(batch)
-        metrics = group.update_policy(batch, TEMPERATURE)
-        return metrics, weights(group), old_logprobs
-    finally:
-        group.shutdown()
+@pytest.fixture(scope="module")
+def groups(ray_session, tiny_model_dir):
+    """The last group started, given to the next test of the same role and ranks as new
+    (`start_run`). Tests that break a group (a rank killed, a collective timed out) start their own."""
+    kept = KeptGroup(tiny_model_dir)
+    yield kept
+    kept.shutdown()
 
 
-def test_update_is_independent_of_ranks_and_micro_batches(ray_session, tiny_model_dir):
+def _run_update(groups, config, batch, old_logprobs):
+    group = groups.get("actor", config, ALGORITHM)
+    logprobs = group.compute_logprobs(batch, TEMPERATURE)["logprobs"]
+    if old_logprobs is None:
+        old_logprobs = logprobs
+    torch.testing.assert_close(torch.cat(logprobs), torch.cat(old_logprobs), rtol=0, atol=1e-5)
+    batch.set_field("old_logprobs", old_logprobs)
+    batch.set_field("ref_logprobs", [lp + 0.1 * torch.randn(len(lp), generator=torch.Generator().manual_seed(1))
+                                     for lp in old_logprobs])
+    batch.set_field("rollout_logprobs", [lp - 0.05 for lp in old_logprobs])
+    _importance_weights(batch)
+    metrics = group.update_policy(batch, TEMPERATURE)
+    return metrics, weights(group), old_logprobs
+
+
+def test_update_is_independent_of_ranks_and_micro_batches(groups):
     batch = random_batch(12, seed=1)
     random_fields(batch, ["advantages"], seed=2)
     # Adam's first steps are nearly sign(gradient) steps: a gradient element at float32 noise level
@@ -66,18 +73,18 @@ def test_update_is_independent_of_ranks_and_micro_batches(ray_session, tiny_mode
     plans = plan_mini_batches(batch.sequence_lengths, batch.num_model_tokens, 2, 1, small)
     assert all(len(plan.micro_batches[0]) >= 4 for plan in plans)
 
-    reference, reference_weights, old_logprobs = _run_update(tiny_model_dir, trainer_config(**settings), batch, None)
+    reference, reference_weights, old_logprobs = _run_update(groups, trainer_config(**settings), batch, None)
     assert reference["actor/num_optimizer_steps"] == 4 and reference["actor/num_skipped_steps"] == 0
     assert reference["actor/pg_clipfrac"] > 0  # the second epoch moves off-policy enough to clip
     for config in (trainer_config(num_workers=2, **settings), trainer_config(max_tokens_per_micro_batch=small, **settings)):
-        metrics, other_weights, _ = _run_update(tiny_model_dir, config, batch, old_logprobs)
+        metrics, other_weights, _ = _run_update(groups, config, batch, old_logprobs)
         assert metrics.keys() == reference.keys()
         for key, value in reference.items():
             assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
         assert max_difference(other_weights, reference_weights) < 2e-6
 
 
-def test_garbage_at_observation_tokens_changes_no_weight(ray_session, tiny_model_dir):
+def test_garbage_at_observation_tokens_changes_no_weight(groups):
     """A multi-turn batch: advantages of 1e4 at observation tokens (loss_mask 0) train exactly
     like zeros there, through every loss term of the update."""
     batch = random_batch(8, seed=3)
@@ -89,13 +96,13 @@ def test_garbage_at_observation_tokens_changes_no_weight(ray_session, tiny_model
     garbage = batch.select(list(range(len(batch))))
     garbage.set_field("advantages", [torch.where(o, 1e4, a) for o, a in zip(observation, batch.token_field("advantages"),
                                                                              strict=True)])
-    clean_metrics, clean_weights, old_logprobs = _run_update(tiny_model_dir, trainer_config(), batch, None)
-    metrics, garbage_weights, _ = _run_update(tiny_model_dir, trainer_config(), garbage, old_logprobs)
+    clean_metrics, clean_weights, old_logprobs = _run_update(groups, trainer_config(), batch, None)
+    metrics, garbage_weights, _ = _run_update(groups, trainer_config(), garbage, old_logprobs)
     assert metrics["actor/pg_loss"] == pytest.approx(clean_metrics["actor/pg_loss"], rel=1e-6)
     assert max_difference(garbage_weights, clean_weights) == 0
 
 
-def test_an_update_without_old_logprobs_equals_one_after_the_old_logprob_pass(ray_session, tiny_model_dir):
+def test_an_update_without_old_logprobs_equals_one_after_the_old_logprob_pass(groups):
     """One mini-batch, one epoch: the update's own logprobs (detached) are the old ones, so the
     pass before it can be skipped (`algorithm.old_logprobs: auto`); metrics and weights are those
     of the update after the pass, and the update reports the rollout/trainer gap the pass gave."""
@@ -103,19 +110,16 @@ def test_an_update_without_old_logprobs_equals_one_after_the_old_logprob_pass(ra
     for recompute in (True, False):
         batch = random_batch(12, seed=3)
         random_fields(batch, ["advantages"], seed=4)
-        group = TrainerGroup("actor", tiny_model_dir, trainer_config(optim=OptimConfig(lr=2e-3, eps=1e-5)), ALGORITHM)
-        try:
-            logprobs = group.compute_logprobs(batch, TEMPERATURE)["logprobs"]
-            noise = torch.Generator().manual_seed(5)
-            batch.set_field("rollout_logprobs", [lp - 0.05 + 0.02 * torch.randn(len(lp), generator=noise)
-                                                 for lp in logprobs])
-            batch.set_field("ref_logprobs", [lp + 0.1 for lp in logprobs])
-            _importance_weights(batch)
-            if recompute:
-                batch.set_field("old_logprobs", logprobs)
-            results[recompute] = (group.update_policy(batch, TEMPERATURE), weights(group), batch, logprobs)
-        finally:
-            group.shutdown()
+        group = groups.get("actor", trainer_config(optim=OptimConfig(lr=2e-3, eps=1e-5)), ALGORITHM)
+        logprobs = group.compute_logprobs(batch, TEMPERATURE)["logprobs"]
+        noise = torch.Generator().manual_seed(5)
+        batch.set_field("rollout_logprobs", [lp - 0.05 + 0.02 * torch.randn(len(lp), generator=noise)
+                                             for lp in logprobs])
+        batch.set_field("ref_logprobs", [lp + 0.1 for lp in logprobs])
+        _importance_weights(batch)
+        if recompute:
+            batch.set_field("old_logprobs", logprobs)
+        results[recompute] = (group.update_policy(batch, TEMPERATURE), weights(group), batch, logprobs)
     (after_pass, pass_weights, batch, logprobs), (from_update, update_weights, _, _) = results[True], results[False]
     assert set(from_update) - set(after_pass) == {"actor/rollout_trainer_kl", "actor/rollout_logprob_abs_diff_max"}
     for key, value in after_pass.items():
@@ -127,35 +131,29 @@ def test_an_update_without_old_logprobs_equals_one_after_the_old_logprob_pass(ra
     assert from_update["actor/rollout_logprob_abs_diff_max"] == pytest.approx(float(gap.abs().max()), abs=1e-6)
 
 
-def test_an_update_without_old_logprobs_refuses_several_mini_batches(ray_session, tiny_model_dir):
+def test_an_update_without_old_logprobs_refuses_several_mini_batches(groups):
     batch = random_batch(8, seed=6)
     random_fields(batch, ["advantages", "rollout_logprobs", "ref_logprobs"], seed=7)
-    group = TrainerGroup("actor", tiny_model_dir, trainer_config(num_mini_batches=2), ALGORITHM)
-    try:
-        with pytest.raises(Exception, match="without old_logprobs needs one mini-batch and one epoch"):
-            group.update_policy(batch, TEMPERATURE)
-    finally:
-        group.shutdown()
+    group = groups.get("actor", trainer_config(num_mini_batches=2), ALGORITHM)
+    with pytest.raises(Exception, match="without old_logprobs needs one mini-batch and one epoch"):
+        group.update_policy(batch, TEMPERATURE)
 
 
-def test_reference_logprobs_match_a_transformers_forward(ray_session, tiny_model_dir):
+def test_reference_logprobs_match_a_transformers_forward(groups, tiny_model_dir):
     import ray
 
     batch = random_batch(6, seed=3)
-    group = TrainerGroup("reference", tiny_model_dir, trainer_config(num_workers=2))
-    try:
-        out = group.compute_logprobs(batch, temperature=TEMPERATURE, with_entropy=True)
-        # The same pass on a batch already in the object store, its rows left there too.
-        stored = TrainBatchRef.of(ray.put(batch), batch)
-        rows = rows_in_batch_order(ray.get(group.logprob_rows(stored, TEMPERATURE)), len(batch), "reference")
-        assert all(torch.equal(row[1], logprobs) for row, logprobs in zip(rows, out["logprobs"], strict=True))
-        # One sequence for two ranks: rank 1 runs a filler forward and returns nothing.
-        single = group.compute_logprobs(batch.select([0]), temperature=TEMPERATURE)["logprobs"]
-        torch.testing.assert_close(single[0], out["logprobs"][0], rtol=1e-5, atol=1e-6)
-        with pytest.raises(ValueError, match="update_policy needs a trainer of role actor; this one is 'reference'"):
-            group.update_policy(batch)
-    finally:
-        group.shutdown()
+    group = groups.get("reference", trainer_config(num_workers=2))
+    out = group.compute_logprobs(batch, temperature=TEMPERATURE, with_entropy=True)
+    # The same pass on a batch already in the object store, its rows left there too.
+    stored = TrainBatchRef.of(ray.put(batch), batch)
+    rows = rows_in_batch_order(ray.get(group.logprob_rows(stored, TEMPERATURE)), len(batch), "reference")
+    assert all(torch.equal(row[1], logprobs) for row, logprobs in zip(rows, out["logprobs"], strict=True))
+    # One sequence for two ranks: rank 1 runs a filler forward and returns nothing.
+    single = group.compute_logprobs(batch.select([0]), temperature=TEMPERATURE)["logprobs"]
+    torch.testing.assert_close(single[0], out["logprobs"][0], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="update_policy needs a trainer of role actor; this one is 'reference'"):
+        group.update_policy(batch)
     model = load_model(tiny_model_dir)
     for i, (prompt, response) in enumerate(zip(batch.prompt_token_ids, batch.response_token_ids, strict=True)):
         with torch.no_grad():
@@ -169,44 +167,37 @@ def test_reference_logprobs_match_a_transformers_forward(ray_session, tiny_model
         torch.testing.assert_close(out["entropy"][i], expected_entropy, rtol=1e-5, atol=1e-5)
 
 
-def test_critic_learns_returns(ray_session, tiny_model_dir):
+def test_critic_learns_returns(groups):
     batch = random_batch(8, seed=4)
     config = trainer_config(critic_optim=OptimConfig(lr=1e-2), num_mini_batches=2)
-    group = TrainerGroup("critic", tiny_model_dir, config, AlgorithmConfig(value_clip=100.0))
-    try:
-        values = group.compute_values(batch)
-        assert [v.shape[0] for v in values] == batch.response_lengths
-        assert all(torch.equal(a, b) for a, b in zip(values, group.compute_values(batch), strict=True))  # no dropout
-        batch.set_field("values", values)
-        batch.set_field("returns", [torch.ones(n) for n in batch.response_lengths])
-        losses = [group.update_critic(batch) for _ in range(6)]
-        assert {"critic/vf_loss", "critic/vf_clipfrac", "critic/grad_norm", "critic/lr"} <= losses[0].keys()
-        assert losses[-1]["critic/vf_loss"] < 0.5 * losses[0]["critic/vf_loss"]
-        error_before = torch.cat([v - 1 for v in values]).abs().mean()
-        error_after = torch.cat([v - 1 for v in group.compute_values(batch)]).abs().mean()
-        assert error_after < 0.5 * error_before
-        with pytest.raises(ValueError, match="compute_logprobs needs a trainer of role actor or reference"):
-            group.compute_logprobs(batch)
-    finally:
-        group.shutdown()
+    group = groups.get("critic", config, AlgorithmConfig(value_clip=100.0))
+    values = group.compute_values(batch)
+    assert [v.shape[0] for v in values] == batch.response_lengths
+    assert all(torch.equal(a, b) for a, b in zip(values, group.compute_values(batch), strict=True))  # no dropout
+    batch.set_field("values", values)
+    batch.set_field("returns", [torch.ones(n) for n in batch.response_lengths])
+    losses = [group.update_critic(batch) for _ in range(6)]
+    assert {"critic/vf_loss", "critic/vf_clipfrac", "critic/grad_norm", "critic/lr"} <= losses[0].keys()
+    assert losses[-1]["critic/vf_loss"] < 0.5 * losses[0]["critic/vf_loss"]
+    error_before = torch.cat([v - 1 for v in values]).abs().mean()
+    error_after = torch.cat([v - 1 for v in group.compute_values(batch)]).abs().mean()
+    assert error_after < 0.5 * error_before
+    with pytest.raises(ValueError, match="compute_logprobs needs a trainer of role actor or reference"):
+        group.compute_logprobs(batch)
 
 
 @pytest.mark.parametrize("num_workers", [1, 2])
-def test_forward_after_updates_uses_the_current_weights(ray_session, tiny_model_dir, num_workers):
+def test_forward_after_updates_uses_the_current_weights(groups, tiny_model_dir, num_workers):
     """After each optimizer step, the actor's next forward runs the weights it exports (a forward
     on parameters gathered before the step would be one update behind)."""
     batch = random_batch(6, seed=4)
     random_fields(batch, ["advantages"], seed=5)
-    group = TrainerGroup("actor", tiny_model_dir, trainer_config(num_workers=num_workers),
-                         AlgorithmConfig(), norm_tokens=16)
-    try:
-        for _ in range(2):
-            batch.set_field("old_logprobs", group.compute_logprobs(batch, TEMPERATURE)["logprobs"])
-            group.update_policy(batch, TEMPERATURE)
-        logprobs = group.compute_logprobs(batch, TEMPERATURE)["logprobs"]
-        exported = weights(group)
-    finally:
-        group.shutdown()
+    group = groups.get("actor", trainer_config(num_workers=num_workers), AlgorithmConfig(), norm_tokens=16)
+    for _ in range(2):
+        batch.set_field("old_logprobs", group.compute_logprobs(batch, TEMPERATURE)["logprobs"])
+        group.update_policy(batch, TEMPERATURE)
+    logprobs = group.compute_logprobs(batch, TEMPERATURE)["logprobs"]
+    exported = weights(group)
     model = load_model(tiny_model_dir)
     model.load_state_dict(exported, strict=False)  # the tied lm_head follows the embedding
     for i, (prompt, response) in enumerate(zip(batch.prompt_token_ids, batch.response_token_ids, strict=True)):

@@ -63,3 +63,31 @@ def assert_ranks_gone(workers: list, timeout_s: float = 60.0) -> None:
                 pass  # busy, so alive
         assert not alive or time.monotonic() < deadline, f"{len(alive)} trainer ranks still alive after {timeout_s:g} s"
         time.sleep(0.5 if alive else 0)
+
+
+class KeptGroup:
+    """The last trainer group a test module asked for, handed to the next test that asks for the
+    same role and process settings anew through `TrainerGroup.start_run` (the path a run on kept
+    trainers takes, `rlactors.pipelines.warm.trainer_key`): a test gets a group that is exactly a
+    new one. One group at a time, as the warm actors keep one set: kept groups hold their CPUs,
+    and a group that cannot get its own waits for them."""
+
+    def __init__(self, model_dir):
+        self.model_dir, self.key, self.group = model_dir, None, None
+
+    def get(self, role: str, config, algorithm=None, norm_tokens: int | None = None):
+        from rlactors.pipelines.warm import trainer_key
+        from rlactors.trainer.group import TrainerGroup
+
+        key = trainer_key(role, config)
+        if self.group is not None and self.key == key and self.group.stopped is None:
+            self.group.start_run(self.model_dir, config, algorithm, norm_tokens=norm_tokens)
+            return self.group
+        self.shutdown()
+        self.key, self.group = key, TrainerGroup(role, self.model_dir, config, algorithm, norm_tokens=norm_tokens)
+        return self.group
+
+    def shutdown(self) -> None:
+        if self.group is not None:
+            self.group.shutdown()
+        self.key = self.group = None
