@@ -80,5 +80,9 @@ def test_whitened_selection_has_mean_zero_and_unit_variance(cells):
     # The property needs two tokens and a spread much larger than the 1e-8 guard.
     assume(selected.numel() >= 2 and selected.var().item() > 1e-2)
     out = masked_whiten(values, mask)[mask]
-    assert abs(out.mean().item()) < 1e-6
+    # The mean's 1e-8 guard (sum / (count + 1e-8)) leaves a bias of about mean * 1e-8 / count,
+    # which whitening scales by 1/std: tight clusters far from zero show it (found by hypothesis:
+    # -67.87, -67.87, -67.55 gave 1.25e-6).
+    tolerance = 1e-6 * (1.0 + abs(selected.mean().item()) / selected.std().item())
+    assert abs(out.mean().item()) < tolerance
     assert abs(out.var(unbiased=True).item() - 1.0) < 1e-5
