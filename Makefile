@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rlactors-installed
 FORBIDDEN := torchvision torchaudio torchcodec
 
-.PHONY: demo test test-slow test-all test-vllm-oldest lint lock clean-venv
+.PHONY: demo test test-slow test-all test-durations test-vllm-oldest lint lock clean-venv
 
 # $(call install,VENV,LOCK): a venv with exactly LOCK (pip byte-compiles it: with PYTHONDONTWRITEBYTECODE
 # set, as on this machine, nothing else would write .pyc files), rlactors editable.
@@ -25,10 +25,12 @@ demo: $(STAMP)
 	$(PY) -m rlactors demo
 
 # Test files run in TEST_WORKERS processes (pytest-xdist, one file per worker at a time: a file's
-# module fixtures stay in one process). Each worker has its own local Ray and warm engines; two
-# workers keep both cores busy while the other waits on an actor. TEST_WORKERS=0 runs in one process.
+# module fixtures stay in one process), longest first (tests/conftest.py; xdist's own reordering,
+# by number of tests, is off). Each worker has its own local Ray and warm engines; two workers
+# keep both cores busy while the other waits on an actor. TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
-PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+PYTEST_XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+PYTEST := $(PY) -m pytest -q $(PYTEST_XDIST)
 
 # Every guarantee at its cheapest level (at most 20 minutes on 2 cores); the 25 slowest tests last.
 test: $(STAMP)
@@ -60,7 +62,12 @@ $(OLDEST_VENV)/.rlactors-installed: requirements/cpu-vllm-oldest.lock pyproject.
 	$(call install,$(OLDEST_VENV),requirements/cpu-vllm-oldest.lock)
 
 test-vllm-oldest: $(OLDEST_VENV)/.rlactors-installed
-	$(OLDEST_VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=10 $(OLDEST_TESTS)
+	$(OLDEST_VENV)/bin/python -m pytest -q $(PYTEST_XDIST) --durations=10 $(OLDEST_TESTS)
+
+# Both tiers, then each test's seconds into tests/durations.json (the order files run in).
+test-durations: $(STAMP)
+	$(PYTEST) -o junit_family=xunit1 --junitxml=/tmp/rlactors-durations.xml
+	$(PY) tools/test_durations.py /tmp/rlactors-durations.xml > tests/durations.json
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks examples

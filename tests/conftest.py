@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
+from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +16,25 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 # checks for leftover processes count this session's only, whatever else runs on the machine.
 TEST_SESSION_ENV = "RLACTORS_TEST_SESSION"
 os.environ[TEST_SESSION_ENV] = uuid.uuid4().hex
+
+
+# Test files run longest first (seconds per test: tests/durations.json, `make test-durations`;
+# unrecorded tests count DEFAULT_S). Each xdist worker takes the next file when it is done, so
+# the long runs start early on both and the short files even out the end, instead of one worker
+# finishing the longest file alone. The Makefile keeps this order (--no-loadscope-reorder).
+DURATIONS = Path(__file__).with_name("durations.json")
+DEFAULT_S = 0.02  # what a test under a second takes on average
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected: the files' selected tests count
+def pytest_collection_modifyitems(items):
+    seconds = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+    file_s, first_index = defaultdict(float), {}
+    for index, item in enumerate(items):
+        path = item.nodeid.split("::", 1)[0]
+        file_s[path] += seconds.get(item.nodeid, DEFAULT_S)
+        first_index.setdefault(path, index)
+    items.sort(key=lambda item: (-file_s[item.nodeid.split("::", 1)[0]], first_index[item.nodeid.split("::", 1)[0]]))
 
 
 @pytest.fixture(scope="session")
