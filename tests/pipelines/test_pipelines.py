@@ -111,6 +111,35 @@ def test_a_resumed_run_reproduces_the_next_step_exactly(first, second, warm_acto
         assert resumed[0][name] == pytest.approx(first[1][NUM_STEPS][name], rel=1e-5, abs=1e-6), name
 
 
+def test_no_rollout_data_reaches_the_driver(warm_actors, tmp_path, tiny_model_dir, monkeypatch):
+    """Two colocated steps with every byte the driver process receives counted (`DriverBytes`):
+    no Group, Sample, TrainBatch or tensor comes back by value, no engine, scorer or trainer
+    result arrives inline, and all it receives is a fraction of the rollout bytes (the trained
+    Groups' serialized size; the old path received every Group twice, over 2x)."""
+    from rlactors.driver_bytes import DriverBytes, object_size
+    from rlactors.pipelines import colocated
+
+    rollout_bytes = []
+    prepare = colocated.prepare_batch
+
+    def prepare_sized(run, sampled):
+        rollout_bytes.append(object_size(sampled.groups_ref))
+        return prepare(run, sampled)
+
+    monkeypatch.setattr(colocated, "prepare_batch", prepare_sized)
+    config = tiny_config(tmp_path, tiny_model_dir, "rollout.sampling.max_response_tokens=128", "rollout.sampling.ignore_eos=true")
+    with DriverBytes() as received:
+        history = run_pipeline(config, warm=warm_actors)
+    assert [h["step"] for h in history] == [0, 1, 2] and history[-1]["response_length/mean"] == 128
+    print(f"driver received {dict(received.total)} for rollouts of {rollout_bytes} bytes; "
+          f"by source {dict(received.bytes_by_source.most_common())}")
+    assert not received.rollout_types_read, received.rollout_types_read
+    inline_calls = {source for source in received.bytes_by_source if source.startswith("inline ")}
+    assert not inline_calls & {"inline streamed item", "inline score", "inline compute_logprobs", "inline update_policy"}
+    assert received.largest_read[0] < 8192, received.largest_read
+    assert received.total["bytes"] < 0.5 * sum(rollout_bytes)  # setup and both validations included
+
+
 def test_run_survives_a_crashed_rollout_engine(warm_actors, tmp_path, tiny_model_dir, monkeypatch):
     """SIGKILL the engine process mid-run: Ray restarts it, the router reloads the current weights
     and re-sends its prompts, and every step still trains a full batch. (The engine the run took is
@@ -145,36 +174,6 @@ def test_run_survives_a_crashed_rollout_engine(warm_actors, tmp_path, tiny_model
     assert all(h["response_length/mean"] > 0 for h in history[1:])
     assert history[-1]["policy_version"] == 4
     assert warm_actors.kept is None  # a replica failed: nothing kept
-
-
-def test_no_rollout_data_reaches_the_driver(warm_actors, tmp_path, tiny_model_dir, monkeypatch):
-    """Two colocated steps with every byte the driver process receives counted (`DriverBytes`):
-    no Group, Sample, TrainBatch or tensor comes back by value, no engine, scorer or trainer
-    result arrives inline, and all it receives is a fraction of the rollout bytes (the trained
-    Groups' serialized size; the old path received every Group twice, over 2x)."""
-    from rlactors.driver_bytes import DriverBytes, object_size
-    from rlactors.pipelines import colocated
-
-    rollout_bytes = []
-    prepare = colocated.prepare_batch
-
-    def prepare_sized(run, sampled):
-        rollout_bytes.append(object_size(sampled.groups_ref))
-        return prepare(run, sampled)
-
-    monkeypatch.setattr(colocated, "prepare_batch", prepare_sized)
-    config = tiny_config(tmp_path, tiny_model_dir, "rollout.max_model_len=192", "rollout.sampling.max_response_tokens=128",
-                         "rollout.sampling.ignore_eos=true")
-    with DriverBytes() as received:
-        history = run_pipeline(config, warm=warm_actors)
-    assert [h["step"] for h in history] == [0, 1, 2] and history[-1]["response_length/mean"] == 128
-    print(f"driver received {dict(received.total)} for rollouts of {rollout_bytes} bytes; "
-          f"by source {dict(received.bytes_by_source.most_common())}")
-    assert not received.rollout_types_read, received.rollout_types_read
-    inline_calls = {source for source in received.bytes_by_source if source.startswith("inline ")}
-    assert not inline_calls & {"inline streamed item", "inline score", "inline compute_logprobs", "inline update_policy"}
-    assert received.largest_read[0] < 8192, received.largest_read
-    assert received.total["bytes"] < 0.5 * sum(rollout_bytes)  # setup and both validations included
 
 
 ASYNC = ["pipeline.mode=async", "rollout.partial_rollout=true"]
@@ -246,7 +245,7 @@ def test_async_partial_rollouts_label_each_token_with_the_weights_that_made_it(w
     batches = record_scored_batches(monkeypatch)
     history = run_pipeline(tiny_config(
         tmp_path, tiny_model_dir, *ASYNC, "pipeline.num_steps=3", "buffer.max_staleness=1",
-        "buffer.staleness_threshold=1.0", "rollout.max_model_len=96", "rollout.sampling.max_response_tokens=64",
+        "buffer.staleness_threshold=1.0", "rollout.sampling.max_response_tokens=64",
         "rollout.sampling.ignore_eos=true"), warm=warm_actors)
     assert max(h["staleness/max"] for h in history[1:]) <= 1
     model, _ = reference
