@@ -103,28 +103,33 @@ def warm_actors(ray_session):
 
 
 class EngineOnDemand:
-    """One RolloutEngine, started at the first `get()` after a `close()`."""
+    """One RolloutEngine, started at the first `get()` after a `close()` or after the suite's Ray
+    restarted (tests that need a cluster of their own restart it, and its actors end with it)."""
 
     def __init__(self, model_dir, config):
         self.model_dir, self.config = model_dir, config
-        self.handle = None
+        self.handle = self.cluster = None
 
     def get(self):
         import ray
 
+        from rlactors.pipelines.warm import cluster_address
         from rlactors.rollout.engine import create_engine
 
-        if self.handle is None:
-            self.handle = create_engine(str(self.model_dir), self.config)
+        if self.handle is None or self.cluster != cluster_address():
+            self.close()
+            self.handle, self.cluster = create_engine(str(self.model_dir), self.config), cluster_address()
             ray.get(self.handle.ready.remote(), timeout=600)
         return self.handle
 
     def close(self) -> None:
         import ray
 
-        if self.handle is not None:
-            ray.kill(self.handle)
-            self.handle = None
+        from rlactors.pipelines.warm import cluster_address
+
+        handle, self.handle = self.handle, None
+        if handle is not None and self.cluster == cluster_address():
+            ray.kill(handle)
 
 
 @pytest.fixture(scope="session")
