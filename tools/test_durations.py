@@ -29,14 +29,14 @@ def node_id(classname: str, name: str) -> str:
     return f"{'/'.join(parts)}.py::{name}"
 
 
-def test_seconds(junit_path: str) -> dict[str, float]:
+def seconds_by_test(junit_path: str) -> dict[str, float]:
     """{pytest node id: seconds} of every test the JUnit file reports (setup and teardown included)."""
     return {node_id(case.get("classname", ""), case.get("name", "")): float(case.get("time", 0.0))
             for case in ElementTree.parse(junit_path).getroot().iter("testcase")}
 
 
 def main(junit_path: str) -> None:
-    recorded = {node_id: round(s, 1) for node_id, s in sorted(test_seconds(junit_path).items()) if s >= MIN_RECORDED_S}
+    recorded = {test: round(s, 1) for test, s in sorted(seconds_by_test(junit_path).items()) if s >= MIN_RECORDED_S}
     json.dump(recorded, sys.stdout, indent=0)
     sys.stdout.write("\n")
 
