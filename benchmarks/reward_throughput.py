@@ -20,7 +20,7 @@ from fractions import Fraction
 import ray
 
 from rlactors.config import RewardConfig
-from rlactors.reward.scorer import RewardPool
+from rlactors.reward.pool import RewardPool
 from rlactors.reward.scoring import default_compute_score
 from rlactors.types import Group, PromptRequest, Sample
 

@@ -6,7 +6,7 @@ import pytest
 
 from rlactors.config import load_config
 from rlactors.metrics import MetricsLogger, plot_metrics, read_metrics
-from rlactors.preflight import PreflightError, check_config
+from rlactors.pipelines.preflight import PreflightError, check_config
 from rlactors.trackers import TrackerError
 
 

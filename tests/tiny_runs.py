@@ -61,7 +61,7 @@ def record_scored_batches(monkeypatch) -> list:
     the driver (observed, not changed)."""
     import ray
 
-    from rlactors.reward.scorer import RewardPool
+    from rlactors.reward.pool import RewardPool
 
     batches = []
     check_step = RewardPool.check_step

@@ -69,7 +69,7 @@ def test_buffer_killed_mid_run_then_resumed_and_a_refused_prompt_dropped(warm_ac
 
     def sync_weights_with_the_buffer_killed(run):
         if run.step == 1 and not killed:  # step 2, acked: its rows are in the log, past checkpoint 1's cut
-            os.kill(ray.get(run.buffer.health.remote(), timeout=60)["pid"], signal.SIGKILL)
+            os.kill(run.buffer.health()["pid"], signal.SIGKILL)
             killed.append(time.monotonic())
         return sync_weights(run)
 

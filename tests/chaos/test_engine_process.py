@@ -20,9 +20,9 @@ from chaos_helpers import assert_each_prompt_once, assert_no_leftovers, checkpoi
 from conftest import start_local_ray
 from tiny_runs import tiny_config
 
+from rlactors.calls import get_within
 from rlactors.config import RolloutConfig, SamplingConfig
 from rlactors.types import PromptRequest
-from rlactors.waits import get_within
 
 pytestmark = [pytest.mark.vllm, pytest.mark.chaos]
 

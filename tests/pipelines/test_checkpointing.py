@@ -13,6 +13,7 @@ import torch
 from conftest import RunsCode
 
 from rlactors.buffer import ReplayBuffer
+from rlactors.buffer.client import BufferClient
 from rlactors.config import AlgorithmConfig, TrainerConfig, load_config
 from rlactors.data import PromptDataset, read_parquet_rows
 from rlactors.models import build_char_tokenizer
@@ -51,7 +52,7 @@ def _passed_keys(rows, seed, state) -> set[tuple[int, str]]:
 
 
 def _ledger_keys(buffer) -> list[tuple[int, str]]:
-    return [(entry["epoch"], entry["prompt_id"]) for entry in ray.get(buffer.ledger.remote())]
+    return [(entry["epoch"], entry["prompt_id"]) for entry in buffer.ledger()]
 
 
 def test_a_checkpoint_taken_while_prompts_are_fed_is_one_consistent_cut(ray_session, tmp_path, monkeypatch):
@@ -61,7 +62,8 @@ def test_a_checkpoint_taken_while_prompts_are_fed_is_one_consistent_cut(ray_sess
     config = load_config(None, ["pipeline.batch_size_prompts=4"])
     rows = read_parquet_rows(write_task("arithmetic", tmp_path, 10, 2)[0])[0]
     ledger_dir = str(tmp_path / "ledger")  # the run's ledger log, shared by the killed and the resumed buffer
-    run = SimpleNamespace(dataset=PromptDataset(rows, seed=1), buffer=ReplayBuffer.remote(config.buffer, 4, ledger_dir=ledger_dir),
+    run = SimpleNamespace(dataset=PromptDataset(rows, seed=1),
+                          buffer=BufferClient(ReplayBuffer.remote(config.buffer, 4, ledger_dir=ledger_dir)),
                           tokenizer=build_char_tokenizer(), config=config)
     run.dataset.lock = lock = WatchedLock()
     feed_prompts(run, 8)
@@ -98,12 +100,12 @@ def test_a_checkpoint_taken_while_prompts_are_fed_is_one_consistent_cut(ray_sess
         assert not thread.is_alive(), f"{thread.name} hung"
     [cursor] = cursors
     assert isinstance(cursor, dict), f"the checkpoint failed: {cursor!r}"
-    ray.kill(run.buffer)
+    ray.kill(run.buffer.actor)
 
     resumed = SimpleNamespace(dataset=PromptDataset(rows, seed=0),
-                              buffer=ReplayBuffer.remote(config.buffer, 4, ledger_dir=ledger_dir),
+                              buffer=BufferClient(ReplayBuffer.remote(config.buffer, 4, ledger_dir=ledger_dir)),
                               tokenizer=run.tokenizer, config=config)
-    ray.get(resumed.buffer.load.remote(str(tmp_path / "buffer")))
+    resumed.buffer.load(str(tmp_path / "buffer"))
     resumed.dataset.load_state_dict(cursor)
     assert set(_ledger_keys(resumed.buffer)) == _passed_keys(rows, 1, cursor)
     feed_prompts(resumed, 2 * len(rows) - (cursor["epoch"] * len(rows) + cursor["position"]))  # to epoch 1's end
@@ -111,7 +113,7 @@ def test_a_checkpoint_taken_while_prompts_are_fed_is_one_consistent_cut(ray_sess
     assert len(keys) == len(set(keys)) == 2 * len(rows)
     for epoch in (0, 1):
         assert sorted(p for e, p in keys if e == epoch) == sorted(r.prompt_id for r in rows), epoch
-    ray.kill(resumed.buffer)
+    ray.kill(resumed.buffer.actor)
 
 
 def test_driver_rng_states_round_trip_in_plain_values(tmp_path):

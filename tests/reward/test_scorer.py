@@ -13,7 +13,8 @@ import ray
 
 from rlactors.config import OverlongConfig, RewardConfig
 from rlactors.reward.failures import ScoringFailedError
-from rlactors.reward.scorer import RewardPool, RewardScorer
+from rlactors.reward.pool import RewardPool
+from rlactors.reward.scorer import RewardScorer
 from rlactors.types import Group, PromptRequest, Sample
 
 USER_FUNCTIONS = textwrap.dedent(
@@ -300,14 +301,14 @@ def test_grandchildren_die_with_a_killed_scorer_and_with_the_pool(ray_session, t
 def test_a_pool_that_fails_to_start_leaves_no_scorer_behind(ray_session, monkeypatch):
     from ray._private.state import actors
 
-    from rlactors.reward import scorer
+    from rlactors.reward import pool
 
     def alive_scorers() -> set[str]:
         return {a["ActorID"] for a in actors().values()
                 if a["ActorClassName"].endswith("RewardScorer") and a["State"] != "DEAD"}
 
     before = alive_scorers()
-    monkeypatch.setattr(scorer, "STARTUP_TIMEOUT_S", 0.01)  # the scorers are still starting when it runs out
+    monkeypatch.setattr(pool, "STARTUP_TIMEOUT_S", 0.01)  # the scorers are still starting when it runs out
     # The error is kept, as a notebook keeps its last traceback: its frames hold the half-built pool,
     # so Ray's reference counting cannot be what stops the scorers.
     with pytest.raises(TimeoutError, match="reward scorer startup") as failure:

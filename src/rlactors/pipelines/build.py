@@ -15,19 +15,20 @@ import numpy as np
 import ray
 import torch
 
-from rlactors import algorithms, logs, preflight
-from rlactors.buffer import ReplayBuffer
+from rlactors import algorithms, logs
+from rlactors.buffer.client import BufferClient
 from rlactors.buffer.ledger_log import LEDGER_FOLDER
 from rlactors.config import Config, TrainerConfig, dump_config
 from rlactors.data import PromptDataset, to_request
 from rlactors.device import default_dtype
 from rlactors.models import ensure_run_model, load_tokenizer
+from rlactors.pipelines import preflight
 from rlactors.pipelines.batch_builder import BatchBuilder
 from rlactors.pipelines.teardown import run_parts, stop_all
 from rlactors.pipelines.warm import WarmActors, engine_key, trainer_key
 from rlactors.placement import trainer_roles
 from rlactors.placement.cluster import Placement, check_visible_everywhere, plan_for_cluster
-from rlactors.reward.scorer import RewardPool
+from rlactors.reward.pool import RewardPool
 from rlactors.rollout.router import RolloutRouter
 from rlactors.synthetic import write_task
 from rlactors.trainer.group import TrainerGroup
@@ -70,7 +71,7 @@ class Run:
     val_requests: list[PromptRequest]
     router: RolloutRouter
     reward: RewardPool
-    buffer: ray.actor.ActorHandle
+    buffer: BufferClient
     actor: TrainerGroup
     reference: TrainerGroup | None = None
     critic: TrainerGroup | None = None
@@ -119,7 +120,7 @@ def data_files(config: Config, output_dir: Path) -> tuple[list[str], list[str]]:
 
 
 def requests_for(rows, tokenizer, config: Config) -> list[PromptRequest]:
-    """Tokenize rows; a prompt too long or empty is an error naming its prompt_id (`rlactors.preflight`
+    """Tokenize rows; a prompt too long or empty is an error naming its prompt_id (`rlactors.pipelines.preflight`
     checks every prompt this way before any actor starts)."""
     return [to_request(row, tokenizer, config.data.chat_template, config.data.max_prompt_tokens) for row in rows]
 
@@ -146,7 +147,7 @@ def build_run(config: Config, model_path: str | None = None, warm: WarmActors | 
     if not ray.is_initialized():  # as init_ray: a Ray started by the caller keeps the caller's logging
         logs.set_up_driver(output_dir / "logs", config.pipeline.verbose)  # before the first model load
     seed_everything(config.pipeline.seed)
-    # An impossible run is refused here, before Ray or any actor starts (see rlactors.preflight).
+    # An impossible run is refused here, before Ray or any actor starts (see rlactors.pipelines.preflight).
     preflight.check_config(config, output_dir)
     model_path = str(model_path or ensure_run_model(config.model, output_dir))
     preflight.check_model(config, model_path)
@@ -197,9 +198,9 @@ def build_run(config: Config, model_path: str | None = None, warm: WarmActors | 
                                           dtype=config.model.dtype, weight_backend=transport.vllm_backend)
         router.ready()
         reward = RewardPool(config.reward, max_response_tokens=sampling.max_response_tokens)
-        buffer = ReplayBuffer.options(**placement.near("actor")).remote(
-            config.buffer, config.pipeline.batch_size_prompts, config.pipeline.trigger_parameter_sync_step,
-            ledger_dir=str(output_dir / LEDGER_FOLDER))
+        buffer = BufferClient.create(config.buffer, config.pipeline.batch_size_prompts,
+                                     config.pipeline.trigger_parameter_sync_step, str(output_dir / LEDGER_FOLDER),
+                                     options=placement.near("actor"))
         builder = BatchBuilder.options(**placement.near("actor")).remote(algorithm, model_path)
     except BaseException:
         # Everything started so far, in and outside the placement groups; the error stays the one raised.

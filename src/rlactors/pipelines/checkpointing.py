@@ -32,13 +32,9 @@ import numpy as np
 import torch
 
 from rlactors.trainer import checkpoint
-from rlactors.waits import get_within
 
 DRIVER_FILE = "driver.json"
 RNG_FILE = "driver_rng.pt"
-# Writing or reading the buffer's parquet files is local disk work on what it holds in memory:
-# seconds even for a large queue; past this the buffer actor is stuck.
-BUFFER_FILES_TIMEOUT_S = 600.0
 
 
 def checkpoint_root(output_dir: str | Path) -> Path:
@@ -48,7 +44,7 @@ def checkpoint_root(output_dir: str | Path) -> Path:
 def save_prompts(buffer, dataset, path: str | Path) -> dict:
     """Write the buffer's checkpoint to `path` and return the data cursor of the same instant."""
     with dataset.lock:  # no prompt can leave the cursor without reaching the buffer meanwhile
-        get_within(buffer.save.remote(str(path)), BUFFER_FILES_TIMEOUT_S, f"replay_buffer.save({path})")
+        buffer.save(str(path))
         return dataset.state_dict()
 
 
@@ -110,12 +106,11 @@ def load_run(run, path: str | Path) -> None:
     run.actor.load_checkpoint(str(path / "actor"))
     if run.critic is not None:
         run.critic.load_checkpoint(str(path / "critic"))
-    get_within(run.buffer.load.remote(str(path / "buffer")), BUFFER_FILES_TIMEOUT_S, f"replay_buffer.load({path})")
+    run.buffer.load(str(path / "buffer"))
     driver = json.loads((path / DRIVER_FILE).read_text())
     run.step, run.policy_version = driver["step"], driver["policy_version"]
     run.dataset.load_state_dict(driver["dataset"])
     run.kl_controller.load_state_dict(driver["kl_controller"])
     run.reward.load_state_dict(driver["reward"])
-    get_within(run.buffer.set_policy_version.remote(run.policy_version), BUFFER_FILES_TIMEOUT_S,
-               "replay_buffer.set_policy_version")
+    run.buffer.set_policy_version(run.policy_version)
     set_rng_state(rng)

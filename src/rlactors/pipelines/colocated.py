@@ -19,9 +19,7 @@ from pathlib import Path
 from rlactors.config import Config
 from rlactors.pipelines.build import Run, build_run
 from rlactors.pipelines.common import (
-    ask_buffer,
     begin,
-    buffer_wait_ran_out,
     end_step,
     feed_prompts,
     finish,
@@ -40,16 +38,12 @@ def fill_batch(run: Run, batch_size: int):
     rewards have zero variance are rejected, so this may take several rounds (bounded by the buffer).
     The buffer is asked without a wait: nothing generates while this driver asks, so what it
     lacks now it lacks until the next `produce`."""
-    while True:
-        try:
-            return ask_buffer(run, "sample", batch_size, run.policy_version, 0.0)
-        except TimeoutError as error:
-            if not buffer_wait_ran_out(error):
-                raise
-            pending = ask_buffer(run, "metrics")["num_pending"]
-            if pending < batch_size:
-                feed_prompts(run, batch_size - pending)
-            produce(run, batch_size)
+    while (sampled := run.buffer.sample(batch_size, run.policy_version, timeout_s=0.0)) is None:
+        pending = run.buffer.metrics()["num_pending"]
+        if pending < batch_size:
+            feed_prompts(run, batch_size - pending)
+        produce(run, batch_size)
+    return sampled
 
 
 def trainers(run: Run) -> list[TrainerGroup]:
@@ -101,7 +95,7 @@ def run_colocated(config: Config, model_path: str | None = None,
             onloaded = onload_trainers(run) if offload else {}
             batch, metrics = prepare_batch(run, sampled)
             metrics |= timings | onloaded | update(run, batch)
-            ask_buffer(run, "ack", sampled.batch_id)
+            run.buffer.ack(sampled.batch_id)
             updated = time.perf_counter()
             metrics |= sync_weights(run)  # wakes the sleeping engines' weights and loads the new ones
             if offload:

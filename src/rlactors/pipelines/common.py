@@ -17,39 +17,23 @@ import time
 from pathlib import Path
 
 import numpy as np
-import ray
 
+from rlactors.buffer.client import BUFFER_TIMEOUT_S
 from rlactors.buffer.records import SampledBatchRef
+from rlactors.calls import get_within
 from rlactors.config import Config
 from rlactors.metrics import MetricsLogger, plot_metrics
 from rlactors.pipelines.build import Run, requests_for
 from rlactors.trainer.batch import TrainBatchRef
 from rlactors.types import PromptRequest
-from rlactors.waits import get_within
 
 # Assembling a batch and its advantages is bookkeeping on data already in the object store: seconds
 # even at scale; past this the builder is stuck.
 BUILDER_TIMEOUT_S = 600.0
-# The buffer answers from memory (reserve and sample add their own, explicit waits): past this it is stuck.
-BUFFER_TIMEOUT_S = 300.0
 
 
 # --------------------------------------------------------------------------------------------
 # Rollout side
-
-
-def ask_buffer(run: Run, method: str, *args, wait_s: float | None = None):
-    """`run.buffer.<method>(*args)`, answered within BUFFER_TIMEOUT_S plus the call's own wait
-    `wait_s` (reserve, sample), or a TimeoutError naming the call. A dead buffer raises Ray's
-    ActorDiedError, which names the ReplayBuffer and why it died."""
-    return get_within(getattr(run.buffer, method).remote(*args), BUFFER_TIMEOUT_S + (wait_s or 0.0),
-                      f"replay_buffer.{method}")
-
-
-def buffer_wait_ran_out(error: BaseException) -> bool:
-    """Whether `error` is the buffer's own bounded wait ending empty-handed (reserve or sample with a
-    timeout: not now, ask again), as opposed to a stuck or dead buffer."""
-    return isinstance(error, ray.exceptions.RayTaskError) and isinstance(error, TimeoutError)
 
 
 def scoring_bound_s(config: Config, num_groups: int, num_samples: int) -> float:
@@ -70,7 +54,7 @@ def feed_prompts(run: Run, num_prompts: int) -> None:
             epoch = dataset.epoch + 1 if at_end else dataset.epoch
             take = min(num_prompts, len(dataset) if at_end else len(dataset) - dataset.position)
             rows = dataset.next_batch(take)
-            ask_buffer(run, "add_prompts", requests_for(rows, run.tokenizer, run.config), epoch)
+            run.buffer.add_prompts(requests_for(rows, run.tokenizer, run.config), epoch)
             num_prompts -= take
 
 
@@ -78,15 +62,10 @@ def produce(run: Run, max_groups: int, producer_id: str = "driver", timeout_s: f
     """Reserve prompts, generate, score each group as it arrives, and put it in the buffer (the
     Groups travel as refs: engine -> scorer -> buffer). Returns the number of groups produced (0:
     nothing could be reserved, within `timeout_s` when given)."""
-    try:
-        requests = ask_buffer(run, "reserve", max_groups, producer_id, timeout_s, wait_s=timeout_s)
-    except TimeoutError as error:
-        if timeout_s is not None and buffer_wait_ran_out(error):
-            return 0  # backpressure: the producers are as far ahead as the staleness bound allows
-        raise
-    if not requests:
+    requests = run.buffer.reserve(max_groups, producer_id, timeout_s)
+    if not requests:  # None under backpressure: the producers are as far ahead as the staleness bound allows
         return 0
-    puts = [run.buffer.put.remote([run.reward.score(group_ref)]) for _, group_ref in run.router.generate_refs(requests)]
+    puts = run.buffer.put_refs([run.reward.score(group_ref) for _, group_ref in run.router.generate_refs(requests)])
     num_samples = run.config.rollout.sampling.num_samples_per_prompt
     get_within(puts, scoring_bound_s(run.config, len(puts), num_samples), "replay_buffer.put of scored groups")
     return len(requests)
@@ -191,7 +170,7 @@ def publish_weights(run: Run) -> dict[str, float]:
     targets = run.router.weight_sync_targets(run.policy_version)
     stats = run.actor.send_weights(targets, run.policy_version, run.weight_sync)
     run.router.weight_sync_done(targets, stats)
-    ask_buffer(run, "set_policy_version", run.policy_version)
+    run.buffer.set_policy_version(run.policy_version)
     elapsed = time.perf_counter() - start
     return {"timing_s/weight_sync": elapsed, "weight_sync/bytes_per_s": stats["weight_bytes"] / max(elapsed, 1e-9),
             "weight_sync/num_failed_engines": float(len(stats["failed"]))}

@@ -18,15 +18,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rlactors import preflight
 from rlactors.config import Config, ConfigError, load_config
 from rlactors.durable import write_durably
 from rlactors.models import ensure_run_model, load_tokenizer
+from rlactors.pipelines import preflight
 from rlactors.pipelines.batch_builder import BatchBuilder
 from rlactors.pipelines.build import data_files, init_ray
 from rlactors.pipelines.common import score_requests
 from rlactors.pipelines.teardown import run_parts, stop_all
-from rlactors.reward.scorer import RewardPool
+from rlactors.reward.pool import RewardPool
 from rlactors.rollout.router import RolloutRouter
 
 

@@ -24,9 +24,7 @@ from rlactors.buffer.records import capacity_groups
 from rlactors.config import Config
 from rlactors.pipelines.build import Run, build_run
 from rlactors.pipelines.common import (
-    ask_buffer,
     begin,
-    buffer_wait_ran_out,
     end_step,
     feed_prompts,
     finish,
@@ -70,7 +68,7 @@ class Producer(threading.Thread):
                     if produced >= self.quota:
                         self.published.wait(timeout=0.5)
                         continue
-                pending = ask_buffer(run, "metrics")["num_pending"]
+                pending = run.buffer.metrics()["num_pending"]
                 if pending < self.batch_size:
                     feed_prompts(run, self.batch_size - pending)  # cursor and buffer move together (its lock)
                 # 0 under backpressure (the buffer is full): look at `stopping` and try again
@@ -84,11 +82,9 @@ def next_batch(run: Run, producer: Producer):
     while True:
         if producer.error is not None:
             raise RuntimeError("the rollout producer failed") from producer.error
-        try:
-            return ask_buffer(run, "sample", run.config.pipeline.batch_size_prompts, run.policy_version, 1.0, wait_s=1.0)
-        except TimeoutError as error:
-            if not buffer_wait_ran_out(error):
-                raise
+        sampled = run.buffer.sample(run.config.pipeline.batch_size_prompts, run.policy_version, timeout_s=1.0)
+        if sampled is not None:
+            return sampled
 
 
 def run_fully_async(config: Config, model_path: str | None = None,
@@ -107,7 +103,7 @@ def run_fully_async(config: Config, model_path: str | None = None,
             waited = time.perf_counter()
             batch, metrics = prepare_batch(run, sampled)
             metrics |= update(run, batch)
-            ask_buffer(run, "ack", sampled.batch_id)
+            run.buffer.ack(sampled.batch_id)
             updated = time.perf_counter()
             if (run.step + 1) % config.pipeline.trigger_parameter_sync_step == 0:
                 metrics |= sync_weights(run)

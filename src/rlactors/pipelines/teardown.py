@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import ray
 
-from rlactors.trainer.ranks import describe_error
+from rlactors.calls import error_text
 
 # A graceful stop (trainer ranks leaving their process group, reward workers ending their
 # subprocesses) takes seconds; longer means the part is stuck, and it is killed.
@@ -46,7 +46,8 @@ def run_parts(trainers, router, reward, buffer, builder) -> list[Part]:
         parts += [Part(f"rollout engine {i}", actors=[engine]) for i, engine in enumerate(router.engines)]
     if reward is not None:
         parts.append(Part("reward scorers", reward.shutdown, list(reward.actors)))
-    parts += [Part(name, actors=[actor]) for name, actor in (("replay buffer", buffer), ("batch builder", builder))
+    parts += [Part(name, actors=[actor]) for name, actor in
+              (("replay buffer", buffer.actor if buffer is not None else None), ("batch builder", builder))
               if actor is not None]
     return parts
 
@@ -77,12 +78,12 @@ def stop_all(parts: list[Part], placement=None, timeout_s: float = PART_TIMEOUT_
         for part in parts:
             error = _within(part.stop, timeout_s) if part.stop is not None else None
             if error is not None:
-                errors.append(f"{part.name}: {describe_error(error)}")
+                errors.append(f"{part.name}: {error_text(error, first_line=True)}")
             for actor in part.actors:
                 try:
                     ray.kill(actor, no_restart=True)
                 except Exception as kill_error:  # noqa: BLE001 - collected; the other actors still go
-                    errors.append(f"{part.name}: kill failed: {describe_error(kill_error)}")
+                    errors.append(f"{part.name}: kill failed: {error_text(kill_error, first_line=True)}")
     finally:
         if placement is not None:
             placement.release()

@@ -20,7 +20,6 @@ what share of each GPU its workers take (vLLM 0.32 `v1/executor/ray_executor.py`
 from __future__ import annotations
 
 import os
-import time
 import uuid
 from collections import defaultdict
 from pathlib import Path
@@ -29,6 +28,7 @@ import ray
 from ray.util.placement_group import NODE_ID_LABEL_KEY, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
+from rlactors.calls import error_text, gather
 from rlactors.placement.plan import ROLLOUT, ClusterShape, Node, PlanError, ResourcePlan, make_plan
 
 
@@ -90,13 +90,9 @@ class Placement:
                                     name=f"rlactors-{pool}-{node}-{os.getpid()}")
             groups[(pool, node)] = (group, indices)
         placement = cls(plan, groups)
-        ready = {group.ready(): key for key, (group, _) in groups.items()}
-        deadline = time.monotonic() + timeout_s
-        pending = list(ready)
-        while pending and time.monotonic() < deadline:
-            _, pending = ray.wait(pending, num_returns=len(pending), timeout=max(0.0, deadline - time.monotonic()))
+        _, _, pending = gather({key: group.ready() for key, (group, _) in groups.items()}, timeout_s)
         if pending:
-            message = placement._missing([ready[ref] for ref in pending], timeout_s)
+            message = placement._missing(pending, timeout_s)
             placement.release()
             raise PlanError(message)
         return placement
@@ -196,13 +192,13 @@ def check_visible_everywhere(directory: Path, plan: ResourcePlan, timeout_s: flo
     marker = directory / f".visible-{uuid.uuid4().hex}"
     marker.write_text(marker.name)
     try:
-        refs = {_read_text.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
-                .remote(str(marker)): node_id for node_id in node_ids}
-        ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
-        if pending:
+        read, errors, pending = gather({node_id: _read_text.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+            node_id, soft=False)).remote(str(marker)) for node_id in node_ids}, timeout_s)
+        if pending or errors:
             raise PlanError(f"could not check pipeline.output_dir={directory} from nodes "
-                            f"{[refs[r][:12] for r in pending]} within {timeout_s:g} s")
-        blind = [refs[ref][:12] for ref in ready if ray.get(ref) != marker.name]
+                            f"{[node_id[:12] for node_id in pending]} within {timeout_s:g} s" + "".join(
+                                f"; node {node_id[:12]}: {error_text(error)}" for node_id, error in errors.items()))
+        blind = [node_id[:12] for node_id, text in read.items() if text != marker.name]
         if blind:
             raise PlanError(f"pipeline.output_dir={directory} is not visible from nodes {blind}: on a multi-node "
                             f"cluster it must be a path on a filesystem every node shares (e.g. NFS), so that "

@@ -1,8 +1,8 @@
 """Reward scoring. `rlactors.reward.scoring` holds the pure scoring functions (veRL's signature),
 bounded in time on any input by `rlactors.reward.limits`; `rlactors.reward.scorer` the Ray scorer
-actor and `RewardPool` (imported there, so this stays light), `rlactors.reward.worker` the
-subprocess that runs the functions, `rlactors.reward.failures` the rule that stops a run whose
-scoring fails everywhere."""
+actor, `rlactors.reward.pool` the `RewardPool` of them a driver calls (both imported from there, so
+this stays light), `rlactors.reward.worker` the subprocess that runs the functions,
+`rlactors.reward.failures` the rule that stops a run whose scoring fails everywhere."""
 
 from rlactors.reward.scoring import (
     check_score,

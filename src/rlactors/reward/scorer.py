@@ -1,13 +1,5 @@
-"""Reward scorer actors, and the pool that spreads groups over them as soon as they arrive.
-
-    pool = RewardPool(config.reward, max_response_tokens=config.rollout.sampling.max_response_tokens)
-    scored_ref = pool.score(group_ref)            # ObjectRef[Group]; scoring starts now
-    scored_refs = pool.score_many(group_refs)     # several groups per actor call
-    pool.metrics()                                # {"reward/num_errors": ..., "reward/num_timeouts": ...}
-
-Refs in, refs out: Ray resolves the group refs given as top-level arguments inside the actor, so
-the driver never fetches a group to score it and scoring overlaps with generation. Scored groups
-stay in the object store (`rlactors.transport`), whatever their size.
+"""The reward scorer actor: scores the groups it is given in its own worker subprocess
+(`rlactors.reward.pool.RewardPool` spreads groups over several).
 
 Each actor owns one persistent worker subprocess that runs the scoring function
 (`rlactors.reward.worker`: how it and the processes a user function starts are stopped).
@@ -26,7 +18,6 @@ stops the run with the first error (`rlactors.reward.failures`).
 from __future__ import annotations
 
 import logging
-import math
 import subprocess
 import time
 from dataclasses import replace
@@ -35,11 +26,8 @@ from typing import Any
 
 import ray
 
-from rlactors.config import RewardConfig
-from rlactors.reward.failures import FailureStreak
 from rlactors.reward.scoring import load_user_function, overlong_penalty
 from rlactors.reward.worker import (
-    kill_process_group,
     note_worker,
     start_worker,
     stop_previous_worker,
@@ -47,18 +35,12 @@ from rlactors.reward.worker import (
     worker_main,
     worker_record,
 )
-from rlactors.transport import results_in_object_store
 from rlactors.types import Group, Sample
-from rlactors.waits import get_within
 
-__all__ = ["RewardPool", "RewardScorer", "resolve_function_spec", "worker_main"]  # the worker's command line imports worker_main from here
+__all__ = ["RewardScorer", "resolve_function_spec", "worker_main"]  # the worker's command line imports worker_main from here
 
 logger = logging.getLogger(__name__)
 
-# Closing a scorer stops its worker: a fraction of a second; past this the actor is stuck.
-CLOSE_TIMEOUT_S = 20.0
-# Starting a scorer imports sympy and the user's module in its worker (see WORKER_STARTUP_TIMEOUT_S).
-STARTUP_TIMEOUT_S = 300.0
 NUM_ERRORS_LOGGED = 20  # per actor; every error is also kept in Sample.score_error and counted
 
 COUNTERS = (
@@ -239,140 +221,3 @@ def resolve_function_spec(spec: str | None) -> str | None:
     if location.endswith(".py"):
         return f"{Path(location).expanduser().resolve()}:{name}"
     return spec
-
-
-def _is_reward_worker(pid: int) -> bool:
-    # A pid recorded earlier may since belong to another process: kill only a reward worker.
-    try:
-        return "worker_main" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
-    except OSError:
-        return False
-
-
-class RewardPool:
-    """N `RewardScorer` actors; each call goes to the actor with the fewest groups in flight."""
-
-    def __init__(self, config: RewardConfig, max_response_tokens: int | None = None) -> None:
-        overlong_buffer_tokens = None
-        if config.overlong.enable:
-            if max_response_tokens is None or config.overlong.buffer_tokens > max_response_tokens:
-                raise ValueError(
-                    f"reward.overlong.buffer_tokens ({config.overlong.buffer_tokens}) must be at most "
-                    f"max_response_tokens ({max_response_tokens})"
-                )
-            overlong_buffer_tokens = config.overlong.buffer_tokens
-        self.max_groups_per_call = config.max_groups_per_call
-        custom_function = resolve_function_spec(config.custom_function)
-        self.actors = [
-            RewardScorer.options(**results_in_object_store({"num_cpus": config.num_cpus_per_worker})).remote(
-                custom_function,
-                config.gsm8k_mode,
-                config.timeout_s,
-                max_response_tokens,
-                overlong_buffer_tokens,
-                config.overlong.penalty_factor,
-            )
-            for _ in range(config.num_workers)
-        ]
-        self.in_flight: list[list[tuple[ray.ObjectRef, int]]] = [[] for _ in self.actors]
-        self.failures = FailureStreak(config.max_failed_steps)
-        # Startup errors surface here. The worker pids are the first workers' (a timeout restarts one).
-        try:
-            self.worker_groups: list[tuple[str, int]] = get_within(
-                [actor.worker_group.remote() for actor in self.actors], STARTUP_TIMEOUT_S, "reward scorer startup"
-            )
-        except BaseException:
-            for actor in self.actors:  # nobody else holds them yet: a failed pool leaves no scorer behind
-                ray.kill(actor)
-            raise
-
-    def score(self, group: Group | ray.ObjectRef) -> ray.ObjectRef:
-        """Ref to the scored copy of `group` (a Group or a ref to one)."""
-        index = self._least_loaded()
-        ref = self.actors[index].score.remote(group)
-        self.in_flight[index].append((ref, 1))
-        return ref
-
-    def score_many(self, groups: list[Group | ray.ObjectRef]) -> list[ray.ObjectRef]:
-        """Refs to the scored copies, in order; up to `max_groups_per_call` groups per actor call,
-        spread over the actors."""
-        per_call = max(1, min(self.max_groups_per_call, math.ceil(len(groups) / len(self.actors))))
-        refs: list[ray.ObjectRef] = []
-        for start in range(0, len(groups), per_call):
-            chunk = groups[start : start + per_call]
-            if len(chunk) == 1:
-                refs.append(self.score(chunk[0]))
-                continue
-            index = self._least_loaded()
-            chunk_refs = self.actors[index].score_groups.options(num_returns=len(chunk)).remote(*chunk)
-            self.in_flight[index].append((chunk_refs[0], len(chunk)))
-            refs += chunk_refs
-        return refs
-
-    def metrics(self) -> dict[str, float]:
-        """Cumulative counters summed over the actors (reward/num_errors counts timeouts too)."""
-        total: dict[str, float] = {}
-        for metrics in ray.get([actor.metrics.remote() for actor in self.actors]):
-            for key, value in metrics.items():
-                total[key] = total.get(key, 0.0) + value
-        return total
-
-    def state_dict(self) -> dict[str, Any]:
-        """The counters summed over actors (so a resume may change num_workers)."""
-        states = ray.get([actor.state_dict.remote() for actor in self.actors])
-        counts = {name: sum(state["counts"][name] for state in states) for name in COUNTERS}
-        return {"counts": counts, "scoring_s": sum(state["scoring_s"] for state in states)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """The first actor takes the totals, the others start from zero."""
-        empty = {"counts": dict.fromkeys(COUNTERS, 0), "scoring_s": 0.0}
-        ray.get(
-            [actor.load_state_dict.remote(state if i == 0 else empty) for i, actor in enumerate(self.actors)]
-        )
-
-    def check_step(self, num_samples: int, num_score_errors: int, groups_ref: ray.ObjectRef | None) -> None:
-        """Count one training step's scoring outcome; raises ScoringFailedError once every sample
-        failed for `reward.max_failed_steps` steps in a row. The first error's text is read from
-        the step's groups (fetched only then, and only once per streak)."""
-
-        def first_error() -> str | None:
-            groups = get_within(groups_ref, STARTUP_TIMEOUT_S, "the failed step's groups") if groups_ref else []
-            return next((s.score_error for g in groups for s in g.samples if s.score_error), None)
-
-        self.failures.record(num_samples, num_score_errors, first_error)
-
-    def shutdown(self) -> None:
-        """Close every scorer (each stops its worker's process group) within CLOSE_TIMEOUT_S, kill
-        the actors, and kill by hand the worker groups on this node of scorers that did not close
-        (elsewhere a worker notices its actor's death and kills its own group)."""
-        refs = [actor.close.remote() for actor in self.actors]
-        closed, _ = ray.wait(refs, num_returns=len(refs), timeout=CLOSE_TIMEOUT_S)
-        closed = set(closed)
-        node_id = ray.get_runtime_context().get_node_id()
-        errors = []
-        for actor, ref, (worker_node, pid) in zip(self.actors, refs, self.worker_groups, strict=True):
-            stopped = ref in closed
-            try:
-                if stopped:
-                    ray.get(ref)
-            except Exception as error:  # noqa: BLE001 - the actor is killed all the same
-                errors.append(f"{type(error).__name__}: {error}")
-                stopped = False
-            ray.kill(actor)
-            if not stopped and worker_node == node_id and _is_reward_worker(pid):
-                kill_process_group(pid)
-        self.actors, self.in_flight, self.worker_groups = [], [], []
-        if len(closed) < len(refs) or errors:
-            raise RuntimeError(f"reward scorers: {len(refs) - len(closed)} did not close within "
-                               f"{CLOSE_TIMEOUT_S:g} s; errors: {errors}; all were killed")
-
-    def _least_loaded(self) -> int:
-        for calls in self.in_flight:
-            if calls:
-                done, _ = ray.wait(
-                    [ref for ref, _ in calls], num_returns=len(calls), timeout=0, fetch_local=False
-                )
-                done_set = set(done)
-                calls[:] = [(ref, n) for ref, n in calls if ref not in done_set]
-        loads = [sum(n for _, n in calls) for calls in self.in_flight]
-        return loads.index(min(loads))

@@ -53,21 +53,14 @@ from collections.abc import Iterator
 
 import ray
 
+from rlactors.calls import error_text, gather, get_within, outcome
 from rlactors.config import RolloutConfig
 from rlactors.phases import PHASE_LOG_TIMEOUT_S
 from rlactors.rollout.engine import create_engine
-from rlactors.rollout.faults import (
-    LOST_RESULT_ERRORS,
-    EngineStartError,
-    NoLiveEngineError,
-    error_text,
-    is_engine_dead,
-    outcome,
-)
+from rlactors.rollout.faults import LOST_RESULT_ERRORS, EngineStartError, NoLiveEngineError, is_engine_dead
 from rlactors.rollout.replicas import Replicas
 from rlactors.rollout.samples import GroupSummary, SamplingArg
 from rlactors.types import Group, PromptRequest
-from rlactors.waits import get_within
 
 __all__ = ["RolloutRouter", "NoLiveEngineError", "EngineStartError"]
 
@@ -111,19 +104,13 @@ class RolloutRouter:
     def ready(self) -> list[dict]:
         """Start every engine, within `start_timeout_s`. If any fails or does not answer in time,
         every engine is killed and EngineStartError names each such replica with its error."""
-        refs = [engine.ready.remote() for engine in self.engines]
-        done, _ = ray.wait(refs, num_returns=len(refs), timeout=self.start_timeout_s, fetch_local=False)
-        done = set(done)
-        problems = {}
-        for index, ref in enumerate(refs):
-            if ref not in done:
-                problems[index] = f"did not start within {self.start_timeout_s:g} s (rollout.start_timeout_s)"
-                continue
-            try:
-                ray.get(ref, timeout=self.call_timeout_s)
-            except ray.exceptions.RayError as error:
-                problems[index] = error_text(error)
+        started = gather({index: engine.ready.remote() for index, engine in enumerate(self.engines)},
+                         self.start_timeout_s)
+        problems = {index: error_text(error) for index, error in started.errors.items()}
+        problems.update({index: f"did not start within {self.start_timeout_s:g} s (rollout.start_timeout_s)"
+                         for index in started.not_answered})
         if problems:
+            problems = dict(sorted(problems.items()))
             self.replicas.mark_dead(problems)
             for engine in self.engines:  # the run cannot start: nothing may keep their resources
                 ray.kill(engine)
@@ -404,25 +391,19 @@ class RolloutRouter:
         timeout_s = self.call_timeout_s if timeout_s is None else timeout_s
         if not live:
             return {}
-        calls = {index: (getattr(self.engines[index], method).remote(*args), incarnation)
-                 for index, incarnation in live}
-        done, _ = ray.wait([ref for ref, _ in calls.values()], num_returns=len(calls), timeout=timeout_s,
-                           fetch_local=False)
-        done = set(done)
-        results, stuck = {}, []
-        for index, (ref, incarnation) in calls.items():
-            if ref not in done:
-                stuck.append(index)
-                continue
-            try:
-                results[index] = ray.get(ref, timeout=timeout_s)
-            except ray.exceptions.RayTaskError as error:  # first: one whose cause is a lost object is the engine's
+        incarnations = dict(live)
+        results, errors, stuck = gather({index: getattr(self.engines[index], method).remote(*args)
+                                         for index, _ in live}, timeout_s)
+        for index, error in errors.items():
+            if isinstance(error, ray.exceptions.RayTaskError):  # first: one whose cause is a lost object is the engine's
                 if not is_engine_dead(error):
                     error.add_note(f"in rollout replica {index}'s {method}()")
-                    raise
-                self.replicas.mark_failed(index, f"{method}: {error_text(error)}", incarnation, kill=True)
-            except (ray.exceptions.RayActorError, *LOST_RESULT_ERRORS) as error:
-                self.replicas.mark_failed(index, f"{method}: {error_text(error)}", incarnation)
+                    raise error
+                self.replicas.mark_failed(index, f"{method}: {error_text(error)}", incarnations[index], kill=True)
+            elif isinstance(error, (ray.exceptions.RayActorError, *LOST_RESULT_ERRORS)):
+                self.replicas.mark_failed(index, f"{method}: {error_text(error)}", incarnations[index])
+            else:
+                raise error
         if stuck:
             raise TimeoutError(f"rollout replica(s) {stuck}: {method}() not answered within {timeout_s:g} s "
                                "(rollout.call_timeout_s)")

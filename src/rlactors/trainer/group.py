@@ -34,15 +34,15 @@ import threading
 import ray
 import torch
 
+from rlactors.calls import error_text, gather, get_within
 from rlactors.config import AlgorithmConfig, TrainerConfig
 from rlactors.phases import PHASE_LOG_TIMEOUT_S
 from rlactors.placement.cluster import unplaced_options
 from rlactors.trainer.batch import TrainBatch, TrainBatchRef, rows_in_batch_order
 from rlactors.trainer.plan import MiniBatchPlan, plan_mini_batches
-from rlactors.trainer.ranks import TrainerRankError, describe_error, kill_ranks, wait_for_ranks
+from rlactors.trainer.ranks import TrainerRankError, kill_ranks, wait_for_ranks
 from rlactors.trainer.worker import TrainerWorker
 from rlactors.transport import results_in_object_store
-from rlactors.waits import get_within
 
 BatchArg = TrainBatch | TrainBatchRef | ray.ObjectRef  # by value, in the object store with its lengths, or a bare ref
 
@@ -252,16 +252,12 @@ class TrainerGroup:
             self.stopped = "it was shut down"
         if not workers:
             return
-        refs = [w.shutdown.remote() for w in workers]
         try:
-            ready, not_done = ray.wait(refs, num_returns=len(refs), timeout=SHUTDOWN_TIMEOUT_S)
-            problems = [f"rank {refs.index(ref)} did not leave its process group within {SHUTDOWN_TIMEOUT_S:g} s"
-                        for ref in not_done]
-            for ref in ready:
-                try:
-                    ray.get(ref)
-                except ray.exceptions.RayError as error:
-                    problems.append(f"rank {refs.index(ref)}: {describe_error(error)}")
+            _, errors, not_done = gather({rank: w.shutdown.remote() for rank, w in enumerate(workers)},
+                                         SHUTDOWN_TIMEOUT_S)
+            problems = [f"rank {rank} did not leave its process group within {SHUTDOWN_TIMEOUT_S:g} s"
+                        for rank in not_done]
+            problems += [f"rank {rank}: {error_text(error, first_line=True)}" for rank, error in errors.items()]
         finally:
             kill_ranks(workers)
         if problems:

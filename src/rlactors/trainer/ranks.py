@@ -25,12 +25,12 @@ import time
 
 import ray
 
+from rlactors.calls import error_text, outcome
+
 # After a first failure, how long the other ranks' outcomes are awaited before the cause is named:
 # peers of a SIGKILLed rank may fail in their collective ("connection closed") a moment before
 # Ray reports the death itself, and the death is the cause.
 CAUSE_GRACE_S = 5.0
-# One line of an error is enough in the message; the whole error is chained (`raise ... from`).
-MAX_ERROR_CHARS = 300
 
 
 class TrainerRankError(RuntimeError):
@@ -44,25 +44,15 @@ class TrainerRankError(RuntimeError):
         self.role, self.call, self.failures, self.not_done = role, call, failures, not_done
         died = [rank for rank, error in failures.items() if not isinstance(error, ray.exceptions.RayTaskError)]
         self.rank = died[0] if died else next(iter(failures))  # dicts keep arrival order
-        message = f"{role} rank {self.rank} failed in {call}: {describe_error(failures[self.rank])}"
-        others = [f"rank {rank}: {describe_error(error)}" for rank, error in failures.items() if rank != self.rank]
+        # One line of each error is enough in the message; the whole error is chained (`raise ... from`).
+        message = f"{role} rank {self.rank} failed in {call}: {error_text(failures[self.rank], first_line=True)}"
+        others = [f"rank {rank}: {error_text(error, first_line=True)}" for rank, error in failures.items()
+                  if rank != self.rank]
         if others:
             message += "; then " + "; ".join(others)
         if not_done:
             message += f"; ranks {not_done} were still in the call"
         super().__init__(message + f" (all {num_ranks} ranks of the {role} group were killed)")
-
-
-def describe_error(error: BaseException) -> str:
-    """`Type: message` of the error a rank raised (unwrapped from Ray's RayTaskError), or of its
-    death; the first line only, at most MAX_ERROR_CHARS."""
-    if isinstance(error, ray.exceptions.RayTaskError) and error.cause is not None:
-        error = error.cause
-    if isinstance(error, ray.exceptions.ActorDiedError):
-        return "its process died (ActorDiedError)"
-    lines = str(error).strip().splitlines()
-    text = f"{type(error).__name__}: {lines[0] if lines else ''}"
-    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
 
 
 def kill_ranks(workers: list) -> None:
@@ -72,13 +62,6 @@ def kill_ranks(workers: list) -> None:
             ray.kill(worker, no_restart=True)
         except Exception:  # noqa: BLE001 - a handle to an actor already gone
             pass
-
-
-def _outcome(ref: ray.ObjectRef) -> tuple[object, BaseException | None]:
-    try:
-        return ray.get(ref), None
-    except ray.exceptions.RayError as error:
-        return None, error
 
 
 def _all_the_same_raise(errors: list[BaseException]) -> bool:
@@ -109,16 +92,18 @@ def wait_for_ranks(role: str, workers: list, refs: list[ray.ObjectRef], call: st
                                f"{role} group were killed")
         failures: dict[int, BaseException] = {}
         for ref in ready:
-            values[rank_of[ref]], error = _outcome(ref)
-            if error is not None:
-                failures[rank_of[ref]] = error
+            answer = outcome(ref, CAUSE_GRACE_S)
+            if isinstance(answer, ray.exceptions.RayError):
+                failures[rank_of[ref]] = answer
+            else:
+                values[rank_of[ref]] = answer
         if failures:
             if pending:
                 more, pending = ray.wait(pending, num_returns=len(pending), timeout=CAUSE_GRACE_S)
                 for ref in more:
-                    _, error = _outcome(ref)
-                    if error is not None:
-                        failures[rank_of[ref]] = error
+                    answer = outcome(ref, CAUSE_GRACE_S)
+                    if isinstance(answer, ray.exceptions.RayError):
+                        failures[rank_of[ref]] = answer
             if len(failures) == len(refs) and _all_the_same_raise(list(failures.values())):
                 raise failures[0]
             kill_ranks(workers)

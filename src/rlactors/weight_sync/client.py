@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import ray
 
-from rlactors.rollout.faults import error_text
+from rlactors.calls import error_text, gather
 from rlactors.weight_sync.choice import nccl_engine_init_info
 
 
@@ -73,20 +73,15 @@ class EngineSyncClient:
         return self._fan(method, lambda index: args)
 
     def _fan(self, method: str, arguments) -> dict[int, object]:
-        refs = {index: getattr(self.engines[index], method).remote(*arguments(index)) for index in self.live}
-        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.call_timeout_s, fetch_local=False)
-        ready = set(ready)
-        results = {}
-        for index, ref in refs.items():
-            if ref not in ready:
-                self._fail(index, f"{method}: no answer within {self.call_timeout_s:g} s (rollout.call_timeout_s)")
-                continue
-            try:
-                results[index] = ray.get(ref)
-            except Exception as error:  # the engine raised or died: it leaves this sync
-                self._fail(index, f"{method}: {error_text(error)}")
-                if isinstance(error, ray.exceptions.RayActorError):
-                    self.actor_died.add(index)  # Ray restarts it if it may: a kill now would cost a restart
+        results, errors, not_answered = gather(
+            {index: getattr(self.engines[index], method).remote(*arguments(index)) for index in self.live},
+            self.call_timeout_s)
+        for index in not_answered:
+            self._fail(index, f"{method}: no answer within {self.call_timeout_s:g} s (rollout.call_timeout_s)")
+        for index, error in errors.items():  # the engine raised or died: it leaves this sync
+            self._fail(index, f"{method}: {error_text(error)}")
+            if isinstance(error, ray.exceptions.RayActorError):
+                self.actor_died.add(index)  # Ray restarts it if it may: a kill now would cost a restart
         if self.failed and (not self.live or self.transport == "nccl"):
             raise WeightSyncError(f"weight sync (policy_version {self.policy_version}) failed: " + "; ".join(
                 f"engine {index}: {error}" for index, error in sorted(self.failed.items())))

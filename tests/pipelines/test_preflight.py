@@ -12,7 +12,7 @@ import rlactors.pipelines.build as build
 from rlactors.config import ConfigError, load_config
 from rlactors.data import DataError, write_rows
 from rlactors.pipelines.build import build_run
-from rlactors.preflight import check_model, model_context_tokens
+from rlactors.pipelines.preflight import check_model, model_context_tokens
 
 
 class RayStarted(Exception):

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from rlactors.config import Config, ConfigError
 from rlactors.data import DataError, PromptRow, read_parquet_rows, to_request, tokenize_prompt
+from rlactors.pipelines.checkpointing import DRIVER_FILE, find_resume_point
 from rlactors.types import PromptRequest
 
 
@@ -123,8 +124,6 @@ def check_reward_function(spec: str | None) -> None:
 def check_resume(resume: str, output_dir: str | Path) -> None:
     """`pipeline.resume` is "auto", "never", or a committed checkpoint (or a root whose `latest`
     names one); "auto" over a `latest` that names a missing checkpoint is refused too."""
-    from rlactors.pipelines.checkpointing import DRIVER_FILE, find_resume_point
-
     try:
         path = find_resume_point(resume, output_dir)
     except (FileNotFoundError, ValueError) as error:

@@ -1,0 +1,168 @@
+"""The pool of reward scorer actors, which spreads groups over them as soon as they arrive.
+
+    pool = RewardPool(config.reward, max_response_tokens=config.rollout.sampling.max_response_tokens)
+    scored_ref = pool.score(group_ref)            # ObjectRef[Group]; scoring starts now
+    scored_refs = pool.score_many(group_refs)     # several groups per actor call
+    pool.metrics()                                # {"reward/num_errors": ..., "reward/num_timeouts": ...}
+
+Refs in, refs out: Ray resolves the group refs given as top-level arguments inside the actor, so
+the driver never fetches a group to score it and scoring overlaps with generation. Scored groups
+stay in the object store (`rlactors.transport`), whatever their size. What a scorer does with a
+group, and how a failing function is recorded: `rlactors.reward.scorer`.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from rlactors.calls import error_text, gather, get_within
+from rlactors.config import RewardConfig
+from rlactors.reward.failures import FailureStreak
+from rlactors.reward.scorer import COUNTERS, RewardScorer, resolve_function_spec
+from rlactors.reward.worker import kill_process_group
+from rlactors.transport import results_in_object_store
+from rlactors.types import Group
+
+__all__ = ["RewardPool"]
+
+# Closing a scorer stops its worker: a fraction of a second; past this the actor is stuck.
+CLOSE_TIMEOUT_S = 20.0
+# Starting a scorer imports sympy and the user's module in its worker (see WORKER_STARTUP_TIMEOUT_S).
+STARTUP_TIMEOUT_S = 300.0
+# Counters and state are read between scoring calls, which a scorer runs one at a time: the bound
+# covers the calls queued before it (each sample of each at most `reward.timeout_s`).
+STATE_TIMEOUT_S = 600.0
+
+
+def _is_reward_worker(pid: int) -> bool:
+    # A pid recorded earlier may since belong to another process: kill only a reward worker.
+    try:
+        return "worker_main" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+    except OSError:
+        return False
+
+
+class RewardPool:
+    """N `RewardScorer` actors; each call goes to the actor with the fewest groups in flight."""
+
+    def __init__(self, config: RewardConfig, max_response_tokens: int | None = None) -> None:
+        overlong_buffer_tokens = None
+        if config.overlong.enable:
+            if max_response_tokens is None or config.overlong.buffer_tokens > max_response_tokens:
+                raise ValueError(
+                    f"reward.overlong.buffer_tokens ({config.overlong.buffer_tokens}) must be at most "
+                    f"max_response_tokens ({max_response_tokens})"
+                )
+            overlong_buffer_tokens = config.overlong.buffer_tokens
+        self.max_groups_per_call = config.max_groups_per_call
+        custom_function = resolve_function_spec(config.custom_function)
+        self.actors = [
+            RewardScorer.options(**results_in_object_store({"num_cpus": config.num_cpus_per_worker})).remote(
+                custom_function,
+                config.gsm8k_mode,
+                config.timeout_s,
+                max_response_tokens,
+                overlong_buffer_tokens,
+                config.overlong.penalty_factor,
+            )
+            for _ in range(config.num_workers)
+        ]
+        self.in_flight: list[list[tuple[ray.ObjectRef, int]]] = [[] for _ in self.actors]
+        self.failures = FailureStreak(config.max_failed_steps)
+        # Startup errors surface here. The worker pids are the first workers' (a timeout restarts one).
+        try:
+            self.worker_groups: list[tuple[str, int]] = get_within(
+                [actor.worker_group.remote() for actor in self.actors], STARTUP_TIMEOUT_S, "reward scorer startup"
+            )
+        except BaseException:
+            for actor in self.actors:  # nobody else holds them yet: a failed pool leaves no scorer behind
+                ray.kill(actor)
+            raise
+
+    def score(self, group: Group | ray.ObjectRef) -> ray.ObjectRef:
+        """Ref to the scored copy of `group` (a Group or a ref to one)."""
+        index = self._least_loaded()
+        ref = self.actors[index].score.remote(group)
+        self.in_flight[index].append((ref, 1))
+        return ref
+
+    def score_many(self, groups: list[Group | ray.ObjectRef]) -> list[ray.ObjectRef]:
+        """Refs to the scored copies, in order; up to `max_groups_per_call` groups per actor call,
+        spread over the actors."""
+        per_call = max(1, min(self.max_groups_per_call, math.ceil(len(groups) / len(self.actors))))
+        refs: list[ray.ObjectRef] = []
+        for start in range(0, len(groups), per_call):
+            chunk = groups[start : start + per_call]
+            if len(chunk) == 1:
+                refs.append(self.score(chunk[0]))
+                continue
+            index = self._least_loaded()
+            chunk_refs = self.actors[index].score_groups.options(num_returns=len(chunk)).remote(*chunk)
+            self.in_flight[index].append((chunk_refs[0], len(chunk)))
+            refs += chunk_refs
+        return refs
+
+    def metrics(self) -> dict[str, float]:
+        """Cumulative counters summed over the actors (reward/num_errors counts timeouts too)."""
+        total: dict[str, float] = {}
+        for metrics in get_within([actor.metrics.remote() for actor in self.actors], STATE_TIMEOUT_S,
+                                  "reward scorers' metrics"):
+            for key, value in metrics.items():
+                total[key] = total.get(key, 0.0) + value
+        return total
+
+    def state_dict(self) -> dict[str, Any]:
+        """The counters summed over actors (so a resume may change num_workers)."""
+        states = get_within([actor.state_dict.remote() for actor in self.actors], STATE_TIMEOUT_S,
+                            "reward scorers' state_dict")
+        counts = {name: sum(state["counts"][name] for state in states) for name in COUNTERS}
+        return {"counts": counts, "scoring_s": sum(state["scoring_s"] for state in states)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The first actor takes the totals, the others start from zero."""
+        empty = {"counts": dict.fromkeys(COUNTERS, 0), "scoring_s": 0.0}
+        get_within([actor.load_state_dict.remote(state if i == 0 else empty) for i, actor in enumerate(self.actors)],
+                   STATE_TIMEOUT_S, "reward scorers' load_state_dict")
+
+    def check_step(self, num_samples: int, num_score_errors: int, groups_ref: ray.ObjectRef | None) -> None:
+        """Count one training step's scoring outcome; raises ScoringFailedError once every sample
+        failed for `reward.max_failed_steps` steps in a row. The first error's text is read from
+        the step's groups (fetched only then, and only once per streak)."""
+
+        def first_error() -> str | None:
+            groups = get_within(groups_ref, STARTUP_TIMEOUT_S, "the failed step's groups") if groups_ref else []
+            return next((s.score_error for g in groups for s in g.samples if s.score_error), None)
+
+        self.failures.record(num_samples, num_score_errors, first_error)
+
+    def shutdown(self) -> None:
+        """Close every scorer (each stops its worker's process group) within CLOSE_TIMEOUT_S, kill
+        the actors, and kill by hand the worker groups on this node of scorers that did not close
+        (elsewhere a worker notices its actor's death and kills its own group)."""
+        closed, errors, not_closed = gather({index: actor.close.remote() for index, actor in enumerate(self.actors)},
+                                            CLOSE_TIMEOUT_S)
+        node_id = ray.get_runtime_context().get_node_id()
+        for index, (actor, (worker_node, pid)) in enumerate(zip(self.actors, self.worker_groups, strict=True)):
+            ray.kill(actor)  # closed or not
+            if index not in closed and worker_node == node_id and _is_reward_worker(pid):
+                kill_process_group(pid)
+        self.actors, self.in_flight, self.worker_groups = [], [], []
+        if errors or not_closed:
+            problems = [f"scorer {index}: {error_text(error, first_line=True)}" for index, error in errors.items()]
+            problems += [f"scorer {index} did not close within {CLOSE_TIMEOUT_S:g} s" for index in not_closed]
+            raise RuntimeError(f"reward scorers shutdown (all were killed): {'; '.join(problems)}")
+
+    def _least_loaded(self) -> int:
+        for calls in self.in_flight:
+            if calls:
+                done, _ = ray.wait(
+                    [ref for ref, _ in calls], num_returns=len(calls), timeout=0, fetch_local=False
+                )
+                done_set = set(done)
+                calls[:] = [(ref, n) for ref, n in calls if ref not in done_set]
+        loads = [sum(n for _, n in calls) for calls in self.in_flight]
+        return loads.index(min(loads))
