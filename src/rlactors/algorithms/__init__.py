@@ -65,7 +65,13 @@ One policy update on a micro-batch (counts over the whole mini-batch, see `losse
 
 from rlactors.algorithms.advantages import (
     gae_advantages,
+    gpg_advantages,
     grpo_advantages,
+    grpo_passk_advantages,
+    opo_advantages,
+    reinforce_plus_plus_advantages,
+    reinforce_plus_plus_baseline_advantages,
+    remax_advantages,
     rloo_advantages,
     scores_to_token_rewards,
 )
@@ -87,14 +93,6 @@ from rlactors.algorithms.losses import (
     value_loss,
 )
 from rlactors.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
-from rlactors.algorithms.outcome_advantages import (
-    gpg_advantages,
-    grpo_passk_advantages,
-    opo_advantages,
-    reinforce_plus_plus_advantages,
-    reinforce_plus_plus_baseline_advantages,
-    remax_advantages,
-)
 from rlactors.algorithms.policy_losses import (
     FIXED_LOSS_AGG_MODES,
     POLICY_LOSSES,

@@ -10,11 +10,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rlactors.algorithms.masked import masked_mean
+from rlactors.algorithms.masked import LOG_RATIO_CLAMP, masked_mean
 
 _BASE_KINDS = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
 KL_KINDS = _BASE_KINDS + tuple(f"{kind}+" for kind in _BASE_KINDS)
-LOG_RATIO_CLAMP = 20.0
 LOW_VAR_KL_CLAMP = 10.0
 
 

@@ -28,10 +28,9 @@ from __future__ import annotations
 
 import torch
 
-from rlactors.algorithms.masked import MEAN_EPS, masked_mean, masked_sum
+from rlactors.algorithms.masked import LOG_RATIO_CLAMP, MEAN_EPS, masked_mean, masked_sum
 
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-LOGPROB_DIFF_CLAMP = 20.0  # exp(20) ~ 5e8: bounds the ratio when the policies drift apart
 
 
 def num_nonempty_sequences(mask: torch.Tensor) -> torch.Tensor:
@@ -115,7 +114,7 @@ def ppo_policy_loss(
     """
     if clip_ratio_c <= 1.0:
         raise ValueError(f"dual-clip bound clip_ratio_c must be > 1, got {clip_ratio_c}")
-    log_ratio = torch.clamp(logp - old_logp, min=-LOGPROB_DIFF_CLAMP, max=LOGPROB_DIFF_CLAMP)
+    log_ratio = torch.clamp(logp - old_logp, min=-LOG_RATIO_CLAMP, max=LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)

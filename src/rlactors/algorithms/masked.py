@@ -13,6 +13,9 @@ import torch
 # veRL's constants, kept so that results compare across frameworks.
 MEAN_EPS = 1e-8
 WHITEN_EPS = 1e-8
+# The bound on a log ratio of two policies' probabilities before it is exponentiated, wherever one is
+# (veRL's SAFETY_BOUND): exp(20) ~ 5e8 bounds the ratio when the policies drift apart.
+LOG_RATIO_CLAMP = 20.0
 
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:

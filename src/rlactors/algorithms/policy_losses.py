@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import torch
 
-from rlactors.algorithms.losses import LOGPROB_DIFF_CLAMP, ppo_policy_loss
-from rlactors.algorithms.masked import masked_mean, masked_sum
+from rlactors.algorithms.losses import ppo_policy_loss
+from rlactors.algorithms.masked import LOG_RATIO_CLAMP, masked_mean, masked_sum
 
 GSPO_LOG_RATIO_MAX = 10.0  # veRL clamps GSPO's per-token log-ratio from above only
 GMPO_WEIGHT_EPS = 1e-10  # log(w + eps) in GMPO's geometric mean of the importance weights
@@ -119,7 +119,7 @@ def sapo_policy_loss(
         raise ValueError(f"SAPO temperatures must be positive, got {tau_positive} and {tau_negative}")
     valid = mask != 0
     logp, old_logp, advantages = _clean(valid, logp, old_logp, advantages)
-    log_ratio = torch.clamp(logp - old_logp, min=-LOGPROB_DIFF_CLAMP, max=LOGPROB_DIFF_CLAMP)
+    log_ratio = torch.clamp(logp - old_logp, min=-LOG_RATIO_CLAMP, max=LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     tau = torch.full_like(advantages, tau_negative).masked_fill(advantages > 0, tau_positive)
     gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
@@ -149,7 +149,7 @@ def cispo_policy_loss(
     """
     valid = mask != 0
     logp, old_logp, advantages = _clean(valid, logp, old_logp, advantages)
-    log_ratio = torch.clamp(logp - old_logp, min=-LOGPROB_DIFF_CLAMP, max=LOGPROB_DIFF_CLAMP)
+    log_ratio = torch.clamp(logp - old_logp, min=-LOG_RATIO_CLAMP, max=LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     clipped_ratio = torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
     per_token = -clipped_ratio.detach() * advantages * logp
@@ -348,7 +348,7 @@ def _dppo_loss(
         raise ValueError(f"DPPO truncation cap must be positive, got {truncation_cap}")
     valid = mask != 0
     logp, old_logp, advantages = _clean(valid, logp, old_logp, advantages)
-    log_ratio = torch.clamp(logp - old_logp, min=-LOGPROB_DIFF_CLAMP, max=LOGPROB_DIFF_CLAMP)
+    log_ratio = torch.clamp(logp - old_logp, min=-LOG_RATIO_CLAMP, max=LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     with torch.no_grad():
         prob, old_prob = torch.exp(logp), torch.exp(old_logp)

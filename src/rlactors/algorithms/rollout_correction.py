@@ -25,9 +25,8 @@ from collections.abc import Sequence
 
 import torch
 
-from rlactors.algorithms.masked import masked_mean, masked_sum
+from rlactors.algorithms.masked import LOG_RATIO_CLAMP, masked_mean, masked_sum
 
-SAFETY_BOUND = 20.0
 IS_LEVELS = ("token", "sequence")
 REJECTION_OPTIONS = (
     "token_k1",
@@ -154,10 +153,10 @@ def rollout_importance_weights(
     zero = torch.zeros((), dtype=dtype, device=log_ratio.device)
     seq_log_ratio = None
     if level == "token":
-        raw = torch.exp(log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND))
+        raw = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     else:
         seq_log_ratio = masked_sum(log_ratio, valid, dim=-1)
-        raw = torch.exp(seq_log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)).unsqueeze(-1).expand_as(log_ratio)
+        raw = torch.exp(seq_log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)).unsqueeze(-1).expand_as(log_ratio)
     raw = torch.where(valid, raw, zero)
     if threshold_lower is None:
         weights = raw.clamp(max=threshold)
@@ -168,7 +167,7 @@ def rollout_importance_weights(
     metrics: dict[str, torch.Tensor] = {"rollout_is_mean": masked_mean(weights, valid)}
     if seq_log_ratio is not None:
         # Over every row, empty ones included (their log ratio sum is 0), from the unclamped sums.
-        metrics["rollout_is_max"] = torch.exp(seq_log_ratio.max().clamp(max=SAFETY_BOUND))
+        metrics["rollout_is_max"] = torch.exp(seq_log_ratio.max().clamp(max=LOG_RATIO_CLAMP))
         metrics["rollout_is_min"] = torch.exp(seq_log_ratio.min())
         metrics["rollout_is_ratio_fraction_high"] = _fraction(seq_log_ratio > math.log(threshold), dtype)
         metrics["rollout_is_ratio_fraction_low"] = _fraction(seq_log_ratio < math.log(lower), dtype)
@@ -305,7 +304,7 @@ def rollout_rejection_mask(
     bounds = _rejection_bounds(options, thresholds)
     _, _, log_ratio, valid = _prepare(old_logp, rollout_logp, mask)
     dtype = log_ratio.dtype
-    x = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    x = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     token_stats = {"k1": -x, "k2": 0.5 * x.square(), "k3": torch.expm1(x) - x}
     nonempty = valid.any(dim=-1)
     keep_all = valid.clone()
@@ -388,8 +387,8 @@ def off_policy_metrics(
         return metrics
     mean_rollout = masked_mean(rollout, valid, dim=-1)
     log_ppl_diff = mean_rollout - mean_old
-    rho = torch.exp(log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND))
-    seq_log_ratio = masked_sum(log_ratio, valid, dim=-1).clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    rho = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    seq_log_ratio = masked_sum(log_ratio, valid, dim=-1).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     metrics.update(
         kl=masked_mean(-log_ratio, valid),
         k3_kl=masked_mean(torch.expm1(log_ratio) - log_ratio, valid),

@@ -1,3 +1,6 @@
+"""The outcome-only estimators of `rlactors.algorithms.advantages` (REINFORCE++, OPO, GPG, pass@k,
+ReMax) against veRL 0.9.1's, transcribed below."""
+
 import math
 import statistics
 from collections import defaultdict
@@ -7,7 +10,7 @@ import pytest
 import torch
 
 from rlactors.algorithms import grpo_advantages
-from rlactors.algorithms.outcome_advantages import (
+from rlactors.algorithms.advantages import (
     gpg_advantages,
     grpo_passk_advantages,
     opo_advantages,
