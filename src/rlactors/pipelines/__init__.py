@@ -1,7 +1,39 @@
 """Drivers that compose the actors into GRPO, DAPO and PPO (the algorithm is configuration:
 `algorithm.advantage`, clip ranges, KL, dynamic sampling), in colocated or fully-async mode.
 `warm` (a `rlactors.pipelines.warm.WarmActors`) keeps the rollout engines and trainer groups
-started from one run to the next in the same process."""
+started from one run to the next in the same process.
+
+One GRPO step, file by file (colocated; `Run` is built once by `build.build_run`, after
+`preflight` refused what cannot run):
+
+    colocated.run_colocated          the loop: one step per pass
+      colocated.fill_batch           until the buffer holds a batch:
+        common.feed_prompts            data cursor -> buffer/client.BufferClient.add_prompts -> buffer/replay
+        common.produce                 BufferClient.reserve (prompts, each a new group_id), then for each
+          rollout/router.RolloutRouter.generate_refs   over the live replicas: rollout/engine.RolloutEngine
+                                         .generate (vLLM: tokens, logprobs, each token's policy_version)
+          reward/pool.RewardPool.score   a ref in, a ref out: reward/scorer.RewardScorer in its worker
+          BufferClient.put_refs          the scored Group reaches the buffer by ref, never the driver
+        BufferClient.sample            a batch within the staleness bound (stale groups evicted)
+      router.sleep                   the engines give the devices to the trainers
+      common.prepare_batch           pipelines/batch_builder.BatchBuilder.assemble (rows from the Groups),
+                                     trainer/group.TrainerGroup.logprob_rows (old, reference logprobs;
+                                     values for PPO), BatchBuilder.finish (algorithms/advantages)
+      common.update                  TrainerGroup.update_policy: trainer/worker.TrainerWorker on every
+                                     rank (FSDP2, trainer/policy_objective, algorithms/losses)
+      BufferClient.ack               the ledger records each prompt "trained", exactly once
+      common.sync_weights            router.weight_sync_targets -> TrainerGroup.send_weights
+                                     (weight_sync/sender, trainer_engines, client -> the engines'
+                                     rollout/weights) -> the buffer's policy_version
+      router.wake_up                 the KV cache back; generation may resume
+      common.end_step                metrics, validation and checkpoints (checkpointing) every few steps
+
+Fully-async (`fully_async.run_fully_async`) runs the same pieces on two threads of the driver: the
+`Producer` thread loops feed_prompts -> produce at most `capacity_groups` per published version,
+while the trainer thread loops BufferClient.sample -> prepare_batch -> update -> ack ->
+sync_weights on devices of its own, telling the producer each published version. Every call to an
+actor is bounded (`rlactors.calls`); `teardown` stops whatever a run started.
+"""
 
 from __future__ import annotations
 
