@@ -16,11 +16,17 @@
 
 Under `ray job submit ... -- python -m rlactors run ...` Ray connects to the job's cluster; set
 RAY_ADDRESS to submit to a cluster yourself. Without a cluster a local Ray is started.
+
+An error the product names (a bad setting or data row, a plan that does not fit, a run stopped by
+a failing actor or scorer) is one `error: ...` line on stderr, exit status 2 for input refused
+before anything ran and 1 for a run that stopped (its traceback goes to the run's driver log);
+any other error is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 
@@ -109,8 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "verbose", False):
         args.overrides.append("pipeline.verbose=true")
 
-    from rlactors.config import ConfigError, describe_fields, dump_config, load_config
-    from rlactors.placement.plan import PlanError
+    from rlactors.config import describe_fields, dump_config, load_config
 
     try:
         if args.command == "plot":
@@ -155,7 +160,38 @@ def main(argv: list[str] | None = None) -> int:
             from rlactors.demo import run_demo
 
             return run_demo(args.overrides)
-    except (ConfigError, PlanError) as error:
+    except Exception as error:
+        status = exit_status(error)
+        if status is None:
+            raise  # not an error the product names: its traceback is the report
+        logging.getLogger(__name__).info("the error in full", exc_info=error)  # the run's driver log, if it has one
+        if status == 1:
+            from rlactors.calls import error_text
+
+            error = error_text(error)  # the cause's own text, not Ray's wrapping of it
         print(f"error: {error}", file=sys.stderr)
-        return 2
+        return status
     return 1
+
+
+def exit_status(error: BaseException) -> int | None:
+    """2 for input refused before anything ran (a setting, a data row, a plan that does not fit),
+    1 for a run the product stopped with an error naming its cause (an actor that failed or did not
+    answer, scoring or rollouts failing everywhere); None for any other error."""
+    import ray
+
+    from rlactors.buffer.records import DynamicSamplingExhausted, RolloutErrorsExhausted
+    from rlactors.config import ConfigError
+    from rlactors.data import DataError
+    from rlactors.placement.plan import PlanError
+    from rlactors.reward.failures import ScoringFailedError
+    from rlactors.rollout.faults import EngineStartError, NoLiveEngineError
+    from rlactors.trainer.ranks import TrainerRankError
+    from rlactors.weight_sync.client import WeightSyncError
+
+    if isinstance(error, ConfigError | DataError | PlanError):
+        return 2
+    if isinstance(error, ScoringFailedError | RolloutErrorsExhausted | DynamicSamplingExhausted | NoLiveEngineError
+                  | EngineStartError | TrainerRankError | WeightSyncError | TimeoutError | ray.exceptions.RayActorError):
+        return 1
+    return None

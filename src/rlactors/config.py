@@ -501,6 +501,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     """Load YAML (or start from defaults when path is None), apply overrides, validate."""
     tree: dict = {}
     if path is not None:
+        if not Path(path).is_file():
+            raise ConfigError(f"{path}: no such config file")
         with open(path) as handle:
             tree = yaml.safe_load(handle) or {}
         if not isinstance(tree, dict):
