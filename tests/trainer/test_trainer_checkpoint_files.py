@@ -49,6 +49,20 @@ def test_half_written_checkpoint_is_ignored(tmp_path):
     assert list(checkpoint.prepare_temp_dir(tmp_path, 4).iterdir()) == []
 
 
+def test_what_interrupted_writes_and_deletes_left_is_removed_and_nothing_else(tmp_path):
+    done = _write(tmp_path, 3, "three")
+    (checkpoint.prepare_temp_dir(tmp_path, 4) / "__0_0.distcp").write_bytes(b"\x00" * 10)  # a kill mid-write
+    (tmp_path / "step_00000002.deleting").mkdir()  # a kill mid-delete
+    removed = checkpoint.remove_unfinished(tmp_path)
+    assert [path.name for path in removed] == ["step_00000002.deleting", "step_00000004.tmp"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", done.name]
+    assert checkpoint.remove_unfinished(tmp_path / "no such root") == []
+    # A commit removes them too: the next checkpoint of a run that resumed past a half-written one.
+    checkpoint.prepare_temp_dir(tmp_path, 6)
+    _write(tmp_path, 5, "five")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", done.name, "step_00000005"]
+
+
 def test_dangling_pointer_and_missing_checkpoint_are_errors(tmp_path):
     (tmp_path / "latest").write_text("step_00000009\n")
     with pytest.raises(FileNotFoundError, match="step_00000009"):

@@ -5,7 +5,8 @@ Layout under a checkpoint root:
     root/step_00000012/      a complete checkpoint (only ever appears by rename)
     root/step_00000012.1/    the same step saved again (a re-save never renames the one `latest`
                              names; the superseded copy is deleted once `latest` moved)
-    root/step_00000014.tmp/  a checkpoint being written (or left by a kill mid-write: ignored)
+    root/step_00000014.tmp/  a checkpoint being written (one left by a kill mid-write is ignored, and
+                             deleted at the next run's start: `remove_unfinished`)
     root/latest              text file naming the newest complete checkpoint ("step_00000012")
 
 Writers fill `temp_dir(root, step)`, then `commit(root, step)` fsyncs every file and directory in
@@ -99,9 +100,19 @@ def commit(root: str | Path, step: int) -> Path:
     write_durably(root / LATEST, (final.name + "\n").encode())
     for path in superseded:
         _delete(path)
-    for leftover in root.glob("*" + DELETING_SUFFIX):  # a kill interrupted an earlier delete
-        shutil.rmtree(leftover, ignore_errors=True)
+    remove_unfinished(root)
     return final
+
+
+def remove_unfinished(root: str | Path) -> list[Path]:
+    """Delete what interrupted writes and deletes left under `root` (`step_N.tmp`, `*.deleting`):
+    never loadable, they only take space. Only while nothing writes a checkpoint there (a run calls
+    it at its start and after each commit). Returns the deleted paths."""
+    root = Path(root)
+    leftovers = sorted([*root.glob("*" + TEMP_SUFFIX), *root.glob("*" + DELETING_SUFFIX)]) if root.is_dir() else []
+    for path in leftovers:
+        shutil.rmtree(path, ignore_errors=True)
+    return leftovers
 
 
 def prune(root: str | Path, keep: int | None) -> list[Path]:
