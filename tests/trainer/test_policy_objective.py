@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from rlactors import algorithms
-from rlactors.algorithm_config import POLICY_LOSSES
 from rlactors.config import AlgorithmConfig
+from rlactors.config.algorithm import POLICY_LOSSES
 from rlactors.trainer.policy_objective import policy_loss
 
 

@@ -1,5 +1,5 @@
 """Configuration of the algorithm: advantage estimator, policy loss, KL terms and rollout correction
-(`rlactors.config` holds the other sections). Every option maps onto one function of
+(`rlactors.config.sections` holds the others). Every option maps onto one function of
 `rlactors.algorithms`; the README's algorithm table names the paper and veRL's name of each."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from rlactors.config_section import Section
+from rlactors.config.section import Section
 
 KL_ESTIMATORS = Literal["k1", "k2", "k3", "low_var_kl", "abs", "k1+", "k2+", "k3+", "low_var_kl+", "abs+"]
 ADVANTAGE_ESTIMATORS = Literal[
