@@ -1,7 +1,7 @@
 """Bytes the driver process receives per training step, against the step's rollout bytes.
 
 Runs the tiny model for a few GRPO steps, colocated and fully async, with everything the driver
-receives counted by `rlactors.driver_bytes.DriverBytes`: every `ray.get` and every call result that
+receives counted by `received_bytes.DriverBytes` (beside this script): every `ray.get` and every call result that
 came inline in a reply. A step's rollout bytes are the serialized size of the Groups it trains
 (the buffer's object holding them, sized by its owner; nothing is fetched). A step's driver bytes
 are those received between two metrics log lines: generation, scoring, buffering, the batch, the
@@ -25,8 +25,9 @@ import json
 import tempfile
 from pathlib import Path
 
+from received_bytes import DriverBytes, object_size
+
 from rlactors.config import load_config
-from rlactors.driver_bytes import DriverBytes, object_size
 from rlactors.metrics import MetricsLogger
 from rlactors.models import build_tiny_model
 from rlactors.pipelines import colocated, common, fully_async, run_pipeline

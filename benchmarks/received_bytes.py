@@ -1,5 +1,6 @@
 """Counting the bytes the driver process receives from Ray: the measure behind
-`benchmarks/driver_bytes.py` and the test that rollout data never passes through the driver.
+`benchmarks/driver_bytes.py` and the test that rollout data never passes through the driver
+(tests/pipelines/test_pipelines.py).
 
     with DriverBytes() as received:
         ...                                  # a run, in this process
