@@ -49,7 +49,7 @@ test-all: $(STAMP)
 # ROCm image runs, the rollout engine, the weight transports, and a colocated and a fully-async run
 # with partial rollouts. CI runs it after the two tiers (README, "Tests").
 OLDEST_VENV := .venv-vllm-oldest
-OLDEST_TESTS := tests/test_vllm_features.py tests/rollout/test_admission.py tests/rollout/test_engine.py \
+OLDEST_TESTS := tests/runtime/test_vllm_features.py tests/rollout/test_admission.py tests/rollout/test_engine.py \
 	tests/weight_sync/test_transports.py tests/pipelines/test_pipelines.py::test_a_colocated_run_reports_every_step \
 	tests/pipelines/test_pipelines.py::test_async_partial_rollouts_label_each_token_with_the_weights_that_made_it
 # Made from .venv: a copy of hard links (seconds, no second download or byte-compile of the packages

@@ -17,7 +17,7 @@ checkout; on CPU the moves are no-ops and the sizes tiny, which checks the scrip
     python benchmarks/colocated_memory_gpu.py                    # GPU: --layers 12 --hidden 1024
     python benchmarks/colocated_memory_gpu.py --preset tiny      # CPU check (seconds)
 
-Each phase reports `rlactors.phases.memory_figures()` (host RSS; on a GPU also the allocator's
+Each phase reports `rlactors.runtime.phases.memory_figures()` (host RSS; on a GPU also the allocator's
 allocated/reserved bytes and the device's free bytes) and its seconds. Also checked: the logits
 after the round trip equal those before it (moves copy exactly). Prints one final JSON line.
 """
@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from rlactors.models import build_char_tokenizer, tiny_model_config
-from rlactors.phases import memory_figures
+from rlactors.runtime.phases import memory_figures
 from rlactors.trainer import fsdp, offload
 
 

@@ -44,9 +44,9 @@ import psutil
 import ray
 
 from rlactors.config import RolloutConfig, SamplingConfig
-from rlactors.device import default_dtype, detect_platform, engine_env
 from rlactors.models import build_tiny_model
 from rlactors.rollout.engine_core import vllm_processes
+from rlactors.runtime.device import default_dtype, detect_platform, engine_env
 from rlactors.types import PromptRequest
 
 

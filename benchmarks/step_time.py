@@ -169,8 +169,8 @@ def raw_generation(spec_path: str) -> None:
     from vllm import LLM
 
     from rlactors.config import Config
-    from rlactors.device import default_dtype, engine_env
     from rlactors.rollout.vllm_args import engine_kwargs, sampling_params
+    from rlactors.runtime.device import default_dtype, engine_env
 
     spec = json.loads(Path(spec_path).read_text())
     config = Config.model_validate(spec["config"])

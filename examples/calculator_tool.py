@@ -31,12 +31,12 @@ import ray
 import torch
 
 from rlactors.config import load_config
+from rlactors.data.synthetic import calculator_rows
 from rlactors.environments.calculator import CalculatorEnvironment
 from rlactors.environments.protocol import ToolCall, Turn
 from rlactors.models import ensure_run_model, load_tokenizer
 from rlactors.pipelines import run_pipeline
 from rlactors.pipelines.build import init_ray, seed_everything
-from rlactors.synthetic import calculator_rows
 from rlactors.trainer.batch import LOSS_MASK, TrainBatch
 from rlactors.trainer.group import TrainerGroup
 

@@ -2,9 +2,9 @@
 
 from rlactors.config import load_config
 from rlactors.data import read_parquet_rows
+from rlactors.data.synthetic import write_task
 from rlactors.demo import DEMO_CONFIG, greedy_accuracy, sft_batch, warm_up
 from rlactors.models import load_model, load_tokenizer
-from rlactors.synthetic import write_task
 
 
 def test_sft_batch_supervises_the_answer_and_end_of_sequence(tmp_path, tiny_model_dir):

@@ -61,7 +61,7 @@ def build_commands(text: str) -> list[str]:
 
 
 def test_build_imports_the_rollout_engine_and_checks_vllm_apis():
-    """The build runs `rlactors check-vllm`, which tests/test_vllm_features.py runs against the vLLM of
+    """The build runs `rlactors check-vllm`, which tests/rollout/test_vllm_features.py runs against the vLLM of
     each environment the suite runs in (0.32.0 here, 0.27.1 in `make test-vllm-oldest`)."""
     commands = build_commands(DOCKERFILE.read_text())
     assert any("import rlactors.rollout.engine" in command for command in commands)
@@ -69,7 +69,7 @@ def test_build_imports_the_rollout_engine_and_checks_vllm_apis():
 
 
 def test_the_default_base_image_ships_a_supported_vllm():
-    from rlactors.vllm_features import SUPPORTED
+    from rlactors.runtime.vllm_features import SUPPORTED
 
     base = re.search(r"^ARG BASE_IMAGE=(\S+)", DOCKERFILE.read_text(), re.M).group(1)
     minor = int(re.search(r"vllm_0\.(\d+)", base).group(1))

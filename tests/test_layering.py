@@ -49,3 +49,14 @@ def test_no_package_imports_one_that_imports_it_back():
 def test_the_check_sees_a_real_import():
     # The trainer sends weights through weight_sync (a floor below it): the walk must find that.
     assert "weight_sync" in package_imports()["trainer"]
+
+
+def test_the_package_root_holds_only_entry_points_and_types():
+    # Everything else lives in a package a newcomer finds by name (config/, runtime/, data/, ...).
+    modules = {path.stem for path in SOURCE.glob("*.py")}
+    assert modules == {"__init__", "__main__", "cli", "demo", "types"}, sorted(modules)
+
+
+def test_the_runtime_floor_imports_no_other_package():
+    # Every package waits on actors, logs and writes files through runtime/: it must sit below them all.
+    assert not package_imports().get("runtime"), dict(package_imports()["runtime"])

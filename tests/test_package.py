@@ -6,7 +6,7 @@ import sys
 def test_import_is_light():
     """`import rlactors` (and its config/data modules) must not pull in vLLM or start Ray."""
     code = (
-        "import sys, rlactors, rlactors.config, rlactors.types, rlactors.data, rlactors.synthetic;"
+        "import sys, rlactors, rlactors.config, rlactors.types, rlactors.data, rlactors.data.synthetic;"
         "import ray;"
         "print('vllm' in sys.modules, ray.is_initialized())"
     )

@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             print(dump_config(load_config(config_path, overrides)), end="")
             return 0
         if args.command == "check-vllm":
-            from rlactors.vllm_features import main as check_vllm
+            from rlactors.runtime.vllm_features import main as check_vllm
 
             return check_vllm()
         if args.command == "plan":
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             raise  # not an error the product names: its traceback is the report
         logging.getLogger(__name__).info("the error in full", exc_info=error)  # the run's driver log, if it has one
         if status == 1:
-            from rlactors.calls import error_text
+            from rlactors.runtime.calls import error_text
 
             error = error_text(error)  # the cause's own text, not Ray's wrapping of it
         print(f"error: {error}", file=sys.stderr)

@@ -20,8 +20,8 @@ from chaos_helpers import assert_each_prompt_once, assert_no_leftovers, checkpoi
 from conftest import start_local_ray
 from tiny_runs import tiny_config
 
-from rlactors.calls import get_within
 from rlactors.config import RolloutConfig, SamplingConfig
+from rlactors.runtime.calls import get_within
 from rlactors.types import PromptRequest
 
 pytestmark = [pytest.mark.vllm, pytest.mark.chaos]

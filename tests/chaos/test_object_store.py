@@ -1,5 +1,5 @@
 """A run on Ray's smallest object store (75 MiB, `ray_constants.OBJECT_STORE_MINIMUM_MEMORY_BYTES`):
-weight buckets, Groups, train batches and results all travel through it (`rlactors.transport`),
+weight buckets, Groups, train batches and results all travel through it (`rlactors.runtime.transport`),
 so the run lives on spilling to disk rather than on spare store memory. It must finish with
 every prompt accounted for and nothing left behind."""
 

@@ -3,10 +3,10 @@ from decimal import Decimal
 import pytest
 
 from rlactors.data import read_parquet_rows
+from rlactors.data.synthetic import make_task_rows, write_task
 from rlactors.environments import BUILTIN_ENVIRONMENTS
 from rlactors.environments.calculator import calculate
 from rlactors.environments.python_tool import run_python
-from rlactors.synthetic import make_task_rows, write_task
 
 TASKS = ("calculator", "python", "guess_number", "tools")
 

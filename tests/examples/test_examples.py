@@ -44,7 +44,7 @@ PER_EXAMPLE = {
 SLOW = {"gsm8k_grpo_qwen3_8b.yaml", "gsm8k_gspo_qwen3_8b.yaml", "math_cispo_qwen2.5_math_7b.yaml"}
 # Run end to end on the tiny model by other tests, with tiny overrides of their own: not a third time here.
 RUN_ELSEWHERE = {"quickstart_cpu.yaml": "tests/cluster/test_job_submit.py runs it as a submitted job (make test), "
-                                        "tests/test_logs.py through `python -m rlactors run` with its own Ray"}
+                                        "tests/runtime/test_logs.py through `python -m rlactors run` with its own Ray"}
 
 
 def test_every_example_config_is_covered():

@@ -16,10 +16,10 @@ from rlactors.buffer import ReplayBuffer
 from rlactors.buffer.client import BufferClient
 from rlactors.config import AlgorithmConfig, TrainerConfig, load_config
 from rlactors.data import PromptDataset, read_parquet_rows
+from rlactors.data.synthetic import write_task
 from rlactors.models import build_char_tokenizer
 from rlactors.pipelines import checkpointing, common
 from rlactors.pipelines.common import feed_prompts
-from rlactors.synthetic import write_task
 
 HANG_GUARD_S = 60.0
 

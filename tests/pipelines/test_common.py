@@ -10,10 +10,10 @@ from rlactors.buffer import ReplayBuffer, client
 from rlactors.buffer.client import BufferClient
 from rlactors.config import load_config
 from rlactors.data import PromptDataset, read_parquet_rows
+from rlactors.data.synthetic import write_task
 from rlactors.models import build_char_tokenizer
 from rlactors.pipelines import common
 from rlactors.pipelines.common import feed_prompts, produce
-from rlactors.synthetic import write_task
 
 
 def test_feeding_across_an_epoch_boundary_stamps_each_prompt_with_its_epoch(ray_session, tmp_path):

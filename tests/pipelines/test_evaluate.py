@@ -8,7 +8,7 @@ import pytest
 
 from rlactors.config import ConfigError
 from rlactors.data import read_parquet_rows
-from rlactors.evaluation import pass_at_k
+from rlactors.metrics.evaluation import pass_at_k
 from rlactors.pipelines.evaluate import eval_config, run_eval
 
 pytestmark = pytest.mark.vllm

@@ -169,7 +169,7 @@ def test_plan_command_json_on_the_examples(capsys):
     apart = run_plan_command(DAPO_ASYNC, "--nodes", 4, "--devices-per-node", 8, "--json")
     assert apart.returncode == 0, apart.stderr
     apart = json.loads(apart.stdout)  # stdout is the report alone, whatever vLLM logs as it is imported
-    from rlactors.vllm_features import trainer_backends
+    from rlactors.runtime.vllm_features import trainer_backends
 
     expected = "nccl" if "nccl" in trainer_backends() else "object_store"
     assert apart["weight_transport"] == expected, apart["weight_transport_reason"]

@@ -71,7 +71,7 @@ def test_health_answers_while_the_engine_generates(engine, reference):
     the engine is busy generating, not after."""
     import ray
 
-    from rlactors.calls import get_within
+    from rlactors.runtime.calls import get_within
 
     _, tokenizer = reference
     sampling = SamplingConfig(num_samples_per_prompt=4, max_response_tokens=LONG_TOKENS, ignore_eos=True)

@@ -1,4 +1,4 @@
-"""How the router classifies an engine's error (its text: tests/test_calls.py)."""
+"""How the router classifies an engine's error (its text: tests/runtime/test_calls.py)."""
 
 from __future__ import annotations
 

@@ -119,7 +119,7 @@ def test_the_installed_vllm_has_the_trainer_side_engines_auto_picks_on_gpus():
     """What `choose_for_plan` reads on GPU plans: both engines on vLLM >= 0.32, ipc only on 0.27."""
     import vllm
 
-    from rlactors.vllm_features import trainer_backends
+    from rlactors.runtime.vllm_features import trainer_backends
 
     assert "ipc" in trainer_backends()
     has_nccl = {"0.27.1": False, "0.32.0": True}.get(vllm.__version__)  # the two versions the suite runs on
@@ -178,7 +178,7 @@ def test_every_engine_counts_not_just_one():
 def test_gpu_plans_get_nccl_apart_and_ipc_colocated():
     """nccl where the installed vLLM has its trainer-side engine (0.32), else object_store: the
     engines are on another node than the sender."""
-    from rlactors.vllm_features import trainer_backends
+    from rlactors.runtime.vllm_features import trainer_backends
 
     separate = make_plan(load_config(None, ["pipeline.mode=async", "rollout.num_engines=2", "trainer.num_workers=2"]),
                          ClusterShape.uniform(2, 2))
@@ -192,13 +192,13 @@ def test_gpu_plans_get_nccl_apart_and_ipc_colocated():
 
 def test_planning_without_vllm_installed_assumes_the_newest_supported(monkeypatch):
     """A laptop without vLLM plans for a cluster: nccl, as vLLM 0.32 would; the run decides on the cluster."""
-    import rlactors.vllm_features
+    import rlactors.runtime.vllm_features
 
-    monkeypatch.setattr(rlactors.vllm_features, "trainer_backends", lambda: None)
+    monkeypatch.setattr(rlactors.runtime.vllm_features, "trainer_backends", lambda: None)
     separate = make_plan(load_config(None, ["pipeline.mode=async", "rollout.num_engines=2", "trainer.num_workers=2"]),
                          ClusterShape.uniform(2, 2))
     assert choose_for_plan("auto", separate, num_engines=2, colocated=False).transport == "nccl"
-    monkeypatch.setattr(rlactors.vllm_features, "trainer_backends", lambda: ())  # installed, with none of its own
+    monkeypatch.setattr(rlactors.runtime.vllm_features, "trainer_backends", lambda: ())  # installed, with none of its own
     assert choose_for_plan("auto", separate, num_engines=2, colocated=False).transport == "object_store"
 
 

@@ -21,8 +21,8 @@ import ray
 
 from rlactors.buffer.records import SampledBatchRef
 from rlactors.buffer.replay import ReplayBuffer
-from rlactors.calls import get_within
 from rlactors.config import BufferConfig
+from rlactors.runtime.calls import get_within
 from rlactors.types import Group, PromptRequest
 
 # The buffer answers from memory (reserve and sample add their own, explicit waits): past this it is stuck.

@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rlactors.buffer.storage import EVENTS_SCHEMA, LEDGER_SCHEMA, load_buffer_scalars, to_table
-from rlactors.durable import fsync_path
+from rlactors.runtime.durable import fsync_path
 
 LEDGER_FOLDER = "ledger"  # under the run's output dir
 DEFAULT_FLUSH_ROWS = 10_000

@@ -34,7 +34,7 @@ def load_environment(spec: str) -> Callable[..., Environment]:
     if ":" not in spec:
         raise ValueError(f"environment {spec!r}: not a built-in ({', '.join(sorted(BUILTIN_ENVIRONMENTS))}) "
                          "nor 'package.module:Name' nor 'path/to/module.py:Name'")
-    from rlactors.user_code import load_object
+    from rlactors.runtime.user_code import load_object
 
     try:
         return load_object(spec, "environment", module_prefix="_rlactors_user_environment_")

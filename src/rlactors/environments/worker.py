@@ -97,7 +97,7 @@ def serve(fd: int, engine_pid: int) -> None:
     import ctypes  # noqa: F401 - request_parent_death_signal's, imported once here, inherited by every fork
 
     from rlactors.environments import load_environment
-    from rlactors.parent_death import request_parent_death_signal
+    from rlactors.runtime.parent_death import request_parent_death_signal
 
     request_parent_death_signal(signal.SIGKILL)
     if os.getppid() != engine_pid:
@@ -139,7 +139,7 @@ def episode_main(connection: Connection, spec: str, data_source: str, ground_tru
     """The episode process: build the environment, then answer "reset" and "step" messages with
     ("ok", value) or ("error", description) until the pipe closes."""
     from rlactors.environments import load_environment
-    from rlactors.parent_death import request_parent_death_signal
+    from rlactors.runtime.parent_death import request_parent_death_signal
 
     os.setsid()  # its own process group: a kill takes the environment's subprocesses too
     request_parent_death_signal(signal.SIGKILL)

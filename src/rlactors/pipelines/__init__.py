@@ -32,7 +32,7 @@ Fully-async (`fully_async.run_fully_async`) runs the same pieces on two threads 
 `Producer` thread loops feed_prompts -> produce at most `capacity_groups` per published version,
 while the trainer thread loops BufferClient.sample -> prepare_batch -> update -> ack ->
 sync_weights on devices of its own, telling the producer each published version. Every call to an
-actor is bounded (`rlactors.calls`); `teardown` stops whatever a run started.
+actor is bounded (`rlactors.runtime.calls`); `teardown` stops whatever a run started.
 """
 
 from __future__ import annotations

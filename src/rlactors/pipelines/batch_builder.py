@@ -27,9 +27,10 @@ from pathlib import Path
 import ray
 import torch
 
-from rlactors import algorithms, evaluation
+from rlactors import algorithms
 from rlactors.config import AlgorithmConfig, RolloutCorrectionConfig
-from rlactors.durable import write_durably
+from rlactors.metrics import evaluation
+from rlactors.runtime.durable import write_durably
 from rlactors.trainer.batch import (
     IMPORTANCE_WEIGHTS,
     LOSS_MASK,
@@ -179,7 +180,7 @@ class BatchBuilder:
         return stored(batch), metrics, current_kl
 
     def validation_report(self, *groups: Group, samples_path: str | None = None) -> dict[str, float]:
-        """Accuracy and pass@k per data source of scored groups (`rlactors.evaluation`); with
+        """Accuracy and pass@k per data source of scored groups (`rlactors.metrics.evaluation`); with
         `samples_path`, also one parquet row per response there (prompt, response, score)."""
         if samples_path is not None:
             import pyarrow as pa

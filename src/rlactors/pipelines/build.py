@@ -15,12 +15,12 @@ import numpy as np
 import ray
 import torch
 
-from rlactors import algorithms, logs
+from rlactors import algorithms
 from rlactors.buffer.client import BufferClient
 from rlactors.buffer.ledger_log import LEDGER_FOLDER
 from rlactors.config import Config, TrainerConfig, dump_config
 from rlactors.data import PromptDataset, to_request
-from rlactors.device import default_dtype
+from rlactors.data.synthetic import write_task
 from rlactors.models import ensure_run_model, load_tokenizer
 from rlactors.pipelines import preflight
 from rlactors.pipelines.batch_builder import BatchBuilder
@@ -30,7 +30,8 @@ from rlactors.placement import trainer_roles
 from rlactors.placement.cluster import Placement, check_visible_everywhere, plan_for_cluster
 from rlactors.reward.pool import RewardPool
 from rlactors.rollout.router import RolloutRouter
-from rlactors.synthetic import write_task
+from rlactors.runtime import logs
+from rlactors.runtime.device import default_dtype
 from rlactors.trainer.group import TrainerGroup
 from rlactors.types import PromptRequest
 from rlactors.weight_sync.choice import WeightSyncSettings, choose_for_plan
@@ -39,7 +40,7 @@ from rlactors.weight_sync.choice import WeightSyncSettings, choose_for_plan
 def init_ray(log_dir: Path | None = None, verbose: bool = False) -> None:
     """Connect to the cluster in RAY_ADDRESS (or the `ray job submit` job's), else start a local Ray.
     Every process of the run logs in full under `log_dir`, and the terminal gets warnings and
-    errors only unless `verbose` (`rlactors.logs`). A Ray already started is left as it is."""
+    errors only unless `verbose` (`rlactors.runtime.logs`). A Ray already started is left as it is."""
     if ray.is_initialized():
         return
     env = {"TOKENIZERS_PARALLELISM": "false", **logs.set_up_driver(log_dir, verbose)}

@@ -7,7 +7,7 @@ With `trainer.offload` the trainers take turns too (veRL's time-sharing of every
 their state in host memory while the engines generate, so a step is generate -> engines sleep ->
 trainers onload -> logprobs/values, update -> export into the sleeping engines (weights woken,
 loaded) -> trainers offload -> engines wake the KV cache. Every actor logs these phases; the run
-writes them all to `phase_logs.json` at the end (`rlactors.phases`).
+writes them all to `phase_logs.json` at the end (`rlactors.runtime.phases`).
 """
 
 from __future__ import annotations

@@ -20,10 +20,10 @@ import numpy as np
 
 from rlactors.buffer.client import BUFFER_TIMEOUT_S
 from rlactors.buffer.records import SampledBatchRef
-from rlactors.calls import get_within
 from rlactors.config import Config
 from rlactors.metrics import MetricsLogger, plot_metrics
 from rlactors.pipelines.build import Run, requests_for
+from rlactors.runtime.calls import get_within
 from rlactors.trainer.batch import TrainBatchRef
 from rlactors.types import PromptRequest
 
@@ -219,7 +219,7 @@ def rollout_metrics(sampled: SampledBatchRef, max_response_tokens: int) -> dict[
 
 def validate(run: Run) -> dict[str, float]:
     """Accuracy, and pass@k with several responses per prompt, per data source on the validation
-    prompts (`rlactors.evaluation`); every response lands in output_dir/validation/step_N.parquet."""
+    prompts (`rlactors.metrics.evaluation`); every response lands in output_dir/validation/step_N.parquet."""
     if not run.val_requests:
         return {}
     metrics = score_requests(run.router, run.reward, run.builder, run.val_requests, run.config,

@@ -19,7 +19,6 @@ import json
 from pathlib import Path
 
 from rlactors.config import Config, ConfigError, load_config
-from rlactors.durable import write_durably
 from rlactors.models import ensure_run_model, load_tokenizer
 from rlactors.pipelines import preflight
 from rlactors.pipelines.batch_builder import BatchBuilder
@@ -28,6 +27,7 @@ from rlactors.pipelines.common import score_requests
 from rlactors.pipelines.teardown import run_parts, stop_all
 from rlactors.reward.pool import RewardPool
 from rlactors.rollout.router import RolloutRouter
+from rlactors.runtime.durable import write_durably
 
 
 def eval_config(target: str, overrides: list[str]) -> Config:

@@ -49,7 +49,7 @@ def check_config(config: Config, output_dir: str | Path) -> None:
 
 def check_trackers(loggers: list[str]) -> None:
     """A tracker whose package is missing would otherwise fail only when the first metrics are logged."""
-    from rlactors.trackers import TrackerError, check_installed
+    from rlactors.metrics.trackers import TrackerError, check_installed
 
     try:
         check_installed(loggers)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import ray
 
-from rlactors.calls import error_text
+from rlactors.runtime.calls import error_text
 
 # A graceful stop (trainer ranks leaving their process group, reward workers ending their
 # subprocesses) takes seconds; longer means the part is stuck, and it is killed.

@@ -28,8 +28,8 @@ import ray
 from ray.util.placement_group import NODE_ID_LABEL_KEY, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from rlactors.calls import error_text, gather
 from rlactors.placement.plan import ROLLOUT, ClusterShape, Node, PlanError, ResourcePlan, make_plan
+from rlactors.runtime.calls import error_text, gather
 
 
 def cluster_shape_from_ray() -> ClusterShape:
@@ -44,7 +44,7 @@ def cluster_shape_from_ray() -> ClusterShape:
 
 def local_cluster_shape() -> ClusterShape:
     """This machine as a one-node cluster: its visible GPUs and the CPUs this process may use."""
-    from rlactors.device import detect_platform
+    from rlactors.runtime.device import detect_platform
 
     num_gpus = 0
     if detect_platform() != "cpu":

@@ -7,7 +7,7 @@
 
 Refs in, refs out: Ray resolves the group refs given as top-level arguments inside the actor, so
 the driver never fetches a group to score it and scoring overlaps with generation. Scored groups
-stay in the object store (`rlactors.transport`), whatever their size. What a scorer does with a
+stay in the object store (`rlactors.runtime.transport`), whatever their size. What a scorer does with a
 group, and how a failing function is recorded: `rlactors.reward.scorer`.
 """
 
@@ -19,12 +19,12 @@ from typing import Any
 
 import ray
 
-from rlactors.calls import error_text, gather, get_within
 from rlactors.config import RewardConfig
 from rlactors.reward.failures import FailureStreak
 from rlactors.reward.scorer import COUNTERS, RewardScorer, resolve_function_spec
 from rlactors.reward.worker import kill_process_group
-from rlactors.transport import results_in_object_store
+from rlactors.runtime.calls import error_text, gather, get_within
+from rlactors.runtime.transport import results_in_object_store
 from rlactors.types import Group
 
 __all__ = ["RewardPool"]

@@ -24,7 +24,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from rlactors.reward.limits import DeadlineExceeded, call_within, explosion_reason, nesting_reason
-from rlactors.user_code import load_object
+from rlactors.runtime.user_code import load_object
 
 GSM8K_SOURCES = frozenset({"openai/gsm8k", "synthetic/gsm8k"})
 MATH_SOURCES = frozenset(

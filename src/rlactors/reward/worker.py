@@ -29,9 +29,9 @@ import time
 from functools import partial
 from multiprocessing.connection import Connection, Pipe
 
-from rlactors.parent_death import request_parent_death_signal
 from rlactors.reward.scoring import check_score, default_compute_score, load_user_function
-from rlactors.session import session_dir
+from rlactors.runtime.parent_death import request_parent_death_signal
+from rlactors.runtime.session import session_dir
 
 WORKER_STARTUP_TIMEOUT_S = 120.0  # importing sympy and the user's module; generous on a busy machine
 MAX_ERROR_CHARS = 2000

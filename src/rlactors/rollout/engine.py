@@ -20,7 +20,7 @@ as all its samples finish, so long responses never hold back the rest of the bat
 its own vLLM request (`n` requests per prompt; the shared prompt hits vLLM's prefix cache). With
 `with_summaries=True` each Group is followed by its `GroupSummary`, so the caller can route Groups
 without reading them (the router does). Results are kept in the object store
-(`rlactors.transport`), never sent inside the reply to the caller.
+(`rlactors.runtime.transport`), never sent inside the reply to the caller.
 
 What a `Sample` holds: `response_token_ids`; `response_logprobs`, the engine's log-probabilities of
 the sampled tokens under the *sampling* distribution (vLLM `logprobs_mode="processed_logprobs"`:
@@ -59,7 +59,7 @@ weights, new weights, KV cache: a weight update while asleep wakes the weights o
 "weights") and loads them, then `wake_up()` wakes the rest ("kv_cache") and generation resumes.
 After a level-2 sleep, waking the weights without a load is an error (they hold nothing).
 
-Phase log (`phase_log()`, see `rlactors.phases`): generate calls, sleep, each wake (with its tags)
+Phase log (`phase_log()`, see `rlactors.runtime.phases`): generate calls, sleep, each wake (with its tags)
 and each weight load, with the memory of vLLM's worker process (which holds the device memory).
 
 CPU placement: vLLM binds the model's OpenMP threads to its chosen cores; the actor pins its own
@@ -94,8 +94,6 @@ from typing import Any
 import ray
 
 from rlactors.config import RolloutConfig, SamplingConfig
-from rlactors.device import default_dtype, detect_platform
-from rlactors.phases import PhaseLog
 from rlactors.placement.cluster import unplaced_options
 from rlactors.rollout.admission import AdmissionGate, run_request
 from rlactors.rollout.engine_core import (
@@ -120,9 +118,11 @@ from rlactors.rollout.samples import (
 )
 from rlactors.rollout.vllm_args import sampling_params
 from rlactors.rollout.weights import check_bucket, inline_update_info
-from rlactors.transport import results_in_object_store
+from rlactors.runtime.device import default_dtype, detect_platform
+from rlactors.runtime.phases import PhaseLog
+from rlactors.runtime.transport import results_in_object_store
+from rlactors.runtime.vllm_features import detect as detect_vllm_features
 from rlactors.types import Group, PromptRequest, Sample
-from rlactors.vllm_features import detect as detect_vllm_features
 from rlactors.weight_sync.choice import RLACTORS_BACKEND
 from rlactors.weight_sync.layout import update_bytes
 
@@ -155,7 +155,7 @@ class RolloutEngine:
         self.num_version_disagreements = 0  # pieces whose tokens vLLM labels otherwise than the gate (must stay 0)
         self._gate = AdmissionGate()  # closed while weights change or the engine sleeps (rlactors.rollout.admission)
         self.llm = None
-        self.vllm_features = None  # what the installed vLLM offers (rlactors.vllm_features), at start
+        self.vllm_features = None  # what the installed vLLM offers (rlactors.runtime.vllm_features), at start
         self.vocab_size = 0
         self.front_end_cpu_cores: list[int] = []  # CPU: this process's cores, kept off the model's
         self._start_lock = asyncio.Lock()
@@ -570,7 +570,7 @@ class RolloutEngine:
             self._suspension.suspend()
 
     def phase_log(self) -> list[dict]:
-        """This engine's last phases (see `rlactors.phases`), oldest first."""
+        """This engine's last phases (see `rlactors.runtime.phases`), oldest first."""
         return self.phases.entries()
 
 

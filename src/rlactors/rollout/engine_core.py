@@ -25,11 +25,11 @@ import signal
 from collections.abc import Awaitable, Callable
 
 from rlactors.config import RolloutConfig
-from rlactors.device import engine_env, keep_front_end_off_model_cores
-from rlactors.logs import vllm_environment
 from rlactors.rollout.vllm_args import engine_kwargs
 from rlactors.rollout.vllm_plugin import ERROR_FILE_ENV, PARENT_PID_ENV, read_errors
-from rlactors.session import session_dir
+from rlactors.runtime.device import engine_env, keep_front_end_off_model_cores
+from rlactors.runtime.logs import vllm_environment
+from rlactors.runtime.session import session_dir
 
 DEATH_POLL_S = 0.25  # how often a wait on the engine core checks that it still lives; vLLM notices within ~1 s
 
@@ -48,7 +48,7 @@ def prepare_environment(platform: str, config: RolloutConfig) -> str:
     os.makedirs(folder, exist_ok=True)
     error_file = os.path.join(folder, f"{os.getpid()}.jsonl")
     open(error_file, "w").close()  # a pid can be reused: never read an older process's errors
-    # vLLM's processes: full log to the run's log folder, the terminal at WARNING (rlactors.logs).
+    # vLLM's processes: full log to the run's log folder, the terminal at WARNING (rlactors.runtime.logs).
     os.environ.update(vllm_environment(folder))
     os.environ[PARENT_PID_ENV] = str(os.getpid())  # turns on rlactors.rollout.vllm_plugin in vLLM's processes
     os.environ[ERROR_FILE_ENV] = error_file

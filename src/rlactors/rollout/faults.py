@@ -1,5 +1,5 @@
 """How the rollout router names and classifies an engine replica's faults (the text of an error
-is `rlactors.calls.error_text`'s).
+is `rlactors.runtime.calls.error_text`'s).
 
     NoLiveEngineError   no replica is live and none is coming back: names every replica, its
                         state, its number of failures and its last error

@@ -32,8 +32,8 @@ import time
 
 import ray
 
-from rlactors.calls import error_text, outcome
 from rlactors.rollout.faults import LOST_RESULT_ERRORS, is_engine_dead
+from rlactors.runtime.calls import error_text, outcome
 
 HEALTHY, DEAD, RESTARTING, LOADING = "healthy", "dead", "restarting", "loading"
 RETRY_INTERVAL_S = 1.0  # how often a restarting actor is asked ready() again

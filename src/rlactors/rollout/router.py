@@ -13,7 +13,7 @@ A plain object, not an actor: it only moves object refs, and living in the drive
 with the run rather than holding requests nobody will collect. Of each finished group it reads only
 the engine's `GroupSummary` (ids, lengths, finish reasons, versions); the Group is a streaming
 result of the engine call, so it belongs to the driver, sits in the object store of the engine's
-node (`rlactors.transport`) and stays readable if the engine dies after yielding it.
+node (`rlactors.runtime.transport`) and stays readable if the engine dies after yielding it.
 
 Guarantees: every request yields exactly one Group, or the call raises. A replica fails when its
 actor dies, its vLLM engine dies (EngineDeadError: the actor is killed so Ray restarts it), one of
@@ -53,13 +53,13 @@ from collections.abc import Iterator
 
 import ray
 
-from rlactors.calls import error_text, gather, get_within, outcome
 from rlactors.config import RolloutConfig
-from rlactors.phases import PHASE_LOG_TIMEOUT_S
 from rlactors.rollout.engine import create_engine
 from rlactors.rollout.faults import LOST_RESULT_ERRORS, EngineStartError, NoLiveEngineError, is_engine_dead
 from rlactors.rollout.replicas import Replicas
 from rlactors.rollout.samples import GroupSummary, SamplingArg
+from rlactors.runtime.calls import error_text, gather, get_within, outcome
+from rlactors.runtime.phases import PHASE_LOG_TIMEOUT_S
 from rlactors.types import Group, PromptRequest
 
 __all__ = ["RolloutRouter", "NoLiveEngineError", "EngineStartError"]
@@ -367,7 +367,7 @@ class RolloutRouter:
         self._call(self.replicas.live(), "wake_up")
 
     def phase_logs(self) -> list[list[dict] | None]:
-        """Each replica's phase log (see `rlactors.phases`), None for replicas that are not live."""
+        """Each replica's phase log (see `rlactors.runtime.phases`), None for replicas that are not live."""
         logs = self._call(self.replicas.live(), "phase_log", timeout_s=PHASE_LOG_TIMEOUT_S)
         return [logs.get(i) for i in range(len(self.engines))]
 

@@ -4,9 +4,9 @@ parameters (plain functions; the engine actor and the rollout benchmark share th
 from __future__ import annotations
 
 from rlactors.config import RolloutConfig, SamplingConfig
-from rlactors.device import supports_sleep
-from rlactors.logs import is_verbose
 from rlactors.rollout.weights import WorkerExtension
+from rlactors.runtime.device import supports_sleep
+from rlactors.runtime.logs import is_verbose
 from rlactors.weight_sync.choice import RLACTORS_BACKEND
 
 

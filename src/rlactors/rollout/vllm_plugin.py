@@ -41,7 +41,7 @@ import logging
 import os
 import signal
 
-from rlactors.parent_death import request_parent_death_signal
+from rlactors.runtime.parent_death import request_parent_death_signal
 
 PARENT_PID_ENV = "RLACTORS_ENGINE_PARENT_PID"  # pid of the process that starts this one
 ERROR_FILE_ENV = "RLACTORS_ENGINE_ERROR_FILE"  # where vLLM's processes record their errors

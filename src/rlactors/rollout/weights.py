@@ -48,8 +48,8 @@ class WorkerExtension:
     through `collective_rpc` (a pickled callable does not survive vLLM's multiprocess executor)."""
 
     def rlactors_memory(self) -> dict[str, int]:
-        """This worker process's memory (`rlactors.phases.memory_figures`), for the engine's phase log."""
-        from rlactors.phases import memory_figures
+        """This worker process's memory (`rlactors.runtime.phases.memory_figures`), for the engine's phase log."""
+        from rlactors.runtime.phases import memory_figures
 
         return memory_figures()
 
@@ -80,12 +80,12 @@ class WorkerExtension:
         refresh_tied_head(self.model_runner.get_model())
 
     def rlactors_start_peak_memory(self) -> None:
-        from rlactors.phases import start_peak_memory
+        from rlactors.runtime.phases import start_peak_memory
 
         self._rlactors_memory_baseline = start_peak_memory()
 
     def rlactors_peak_extra_bytes(self) -> dict[str, int]:
-        from rlactors.phases import peak_extra_bytes
+        from rlactors.runtime.phases import peak_extra_bytes
 
         return peak_extra_bytes(self._rlactors_memory_baseline)
 

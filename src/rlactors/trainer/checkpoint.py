@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from rlactors.durable import fsync_path, fsync_tree, write_durably
+from rlactors.runtime.durable import fsync_path, fsync_tree, write_durably
 
 LATEST = "latest"
 TEMP_SUFFIX = ".tmp"

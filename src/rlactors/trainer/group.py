@@ -15,7 +15,7 @@ Metrics are all-reduced by the ranks, so rank 0's are the group's.
 
 Every call also takes a `TrainBatchRef` (a batch already in the object store, with its lengths):
 then the batch never enters this process. `logprob_rows` and `value_rows` leave the ranks' results
-in the object store too (the ranks keep every result there, `rlactors.transport`), for the batch
+in the object store too (the ranks keep every result there, `rlactors.runtime.transport`), for the batch
 builder to merge; a training step on the driver moves refs and metrics only.
 
 Failures: every call returns once all ranks have answered, or raises at the first rank that raises
@@ -34,15 +34,15 @@ import threading
 import ray
 import torch
 
-from rlactors.calls import error_text, gather, get_within
 from rlactors.config import AlgorithmConfig, TrainerConfig
-from rlactors.phases import PHASE_LOG_TIMEOUT_S
 from rlactors.placement.cluster import unplaced_options
+from rlactors.runtime.calls import error_text, gather, get_within
+from rlactors.runtime.phases import PHASE_LOG_TIMEOUT_S
+from rlactors.runtime.transport import results_in_object_store
 from rlactors.trainer.batch import TrainBatch, TrainBatchRef, rows_in_batch_order
 from rlactors.trainer.plan import MiniBatchPlan, plan_mini_batches
 from rlactors.trainer.ranks import TrainerRankError, kill_ranks, wait_for_ranks
 from rlactors.trainer.worker import TrainerWorker
-from rlactors.transport import results_in_object_store
 
 BatchArg = TrainBatch | TrainBatchRef | ray.ObjectRef  # by value, in the object store with its lengths, or a bare ref
 
@@ -239,7 +239,7 @@ class TrainerGroup:
         return self._on_all("onload")
 
     def phase_logs(self) -> list[list[dict]]:
-        """Each rank's phase log (see `rlactors.phases`), in rank order."""
+        """Each rank's phase log (see `rlactors.runtime.phases`), in rank order."""
         return get_within([w.phase_log.remote() for w in self.workers], PHASE_LOG_TIMEOUT_S, f"{self.role} ranks' phase_log")
 
     def shutdown(self) -> None:

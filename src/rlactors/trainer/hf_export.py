@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from rlactors.durable import fsync_path, fsync_tree
+from rlactors.runtime.durable import fsync_path, fsync_tree
 
 SHARD_BYTES = 2 << 30  # per safetensors file, and what one bucket of gathered weights may hold
 INDEX_FILE = "model.safetensors.index.json"

@@ -25,7 +25,7 @@ import time
 
 import ray
 
-from rlactors.calls import error_text, outcome
+from rlactors.runtime.calls import error_text, outcome
 
 # After a first failure, how long the other ranks' outcomes are awaited before the cause is named:
 # peers of a SIGKILLed rank may fail in their collective ("connection closed") a moment before

@@ -47,7 +47,7 @@ from rlactors.algorithms import (
     value_loss,
 )
 from rlactors.config import AlgorithmConfig, TrainerConfig
-from rlactors.phases import PhaseLog, memory_figures
+from rlactors.runtime.phases import PhaseLog, memory_figures
 from rlactors.trainer import checkpoint, fsdp, offload
 from rlactors.trainer.batch import (
     IMPORTANCE_WEIGHTS,
@@ -348,7 +348,7 @@ class TrainerWorker:
         return self.phases.record(phase, memory_figures(), moved_bytes=moved_bytes)
 
     def phase_log(self) -> list[dict]:
-        """This rank's last phases (see `rlactors.phases`), oldest first."""
+        """This rank's last phases (see `rlactors.runtime.phases`), oldest first."""
         return self.phases.entries()
 
     # ----------------------------------------------------------------------------------------

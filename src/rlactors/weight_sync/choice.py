@@ -87,7 +87,7 @@ def choose_for_plan(requested: str, plan, num_engines: int, colocated: bool) -> 
     engine_nodes = {bundle.node for engine in range(num_engines) for bundle in plan.engine_bundles(engine)}
     backends = VLLM_BACKENDS
     if plan.cluster.device_kind == "gpu":
-        from rlactors.vllm_features import trainer_backends
+        from rlactors.runtime.vllm_features import trainer_backends
 
         installed = trainer_backends()
         backends = VLLM_BACKENDS if installed is None else installed

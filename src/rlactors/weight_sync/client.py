@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import ray
 
-from rlactors.calls import error_text, gather
+from rlactors.runtime.calls import error_text, gather
 from rlactors.weight_sync.choice import nccl_engine_init_info
 
 

@@ -32,7 +32,7 @@ import time
 
 import torch
 
-from rlactors.phases import peak_extra_bytes, start_peak_memory
+from rlactors.runtime.phases import peak_extra_bytes, start_peak_memory
 from rlactors.weight_sync.choice import WeightSyncSettings, nccl_world_size
 from rlactors.weight_sync.client import EngineSyncClient, WeightSyncError
 from rlactors.weight_sync.layout import segment_bytes_for

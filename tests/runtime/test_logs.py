@@ -1,4 +1,4 @@
-"""What reaches the terminal and what only the log files get (`rlactors.logs`), each case in a
+"""What reaches the terminal and what only the log files get (`rlactors.runtime.logs`), each case in a
 fresh interpreter: logging's state is per process, as it is in every process of a run."""
 
 import os
@@ -11,7 +11,7 @@ import pytest
 
 VLLM_PROCESS = """
 import os
-from rlactors import logs
+from rlactors.runtime import logs
 logs.run_environment({log_dir!r}, verbose={verbose})
 os.environ.update(logs.vllm_environment({config_dir!r}))
 from vllm.config.logging import LoggingConfig
@@ -26,7 +26,7 @@ log.error("engine core failed")
 
 RAY_WORKER = """
 import logging, warnings
-from rlactors import logs
+from rlactors.runtime import logs
 logs.run_environment({log_dir!r}, verbose={verbose})
 logs.configure_process()
 logging.getLogger("some.library").info("loaded 12 shards")
@@ -87,7 +87,7 @@ def test_verbose_process_shows_dependency_warnings(tmp_path):
     assert "old API" in result.stderr and "prompt 7 dropped: too long" in result.stderr
 
 
-QUICKSTART = Path(__file__).resolve().parents[1] / "examples" / "quickstart_cpu.yaml"
+QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart_cpu.yaml"
 # Per-step vLLM lines that used to reach the terminal on every training step.
 PER_STEP_LINES = ("setting pause state", "Successfully reset prefix cache", "sleep mode is not supported",
                   "Failed to load weights")

@@ -35,7 +35,7 @@ from pathlib import Path
 
 LOG_DIR_ENV = "RLACTORS_LOG_DIR"
 VERBOSE_ENV = "RLACTORS_VERBOSE"
-SETUP_HOOK = "rlactors.logs.configure_process"
+SETUP_HOOK = "rlactors.runtime.logs.configure_process"
 
 # Messages known to be harmless where they appear; they still go to the log file. Each entry is
 # the start of the message and why it is harmless.
@@ -74,7 +74,7 @@ def set_up_driver(log_dir: str | Path | None, verbose: bool) -> dict[str, str]:
 def link_ray_logs(log_dir: str | Path) -> None:
     """`log_dir/ray`: a link to this node's Ray session logs, where every worker's raw stdout and
     stderr are (`worker-*.out|err`) and Ray's own (`raylet.out`, ...). Other nodes keep theirs."""
-    from rlactors.session import session_dir
+    from rlactors.runtime.session import session_dir
 
     link = Path(log_dir) / "ray"
     try:
@@ -139,9 +139,9 @@ def vllm_environment(config_folder: str | Path) -> dict[str, str]:
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"vllm": formatter},
-        "filters": {"harmless": {"()": "rlactors.logs.KnownHarmless"}},
+        "filters": {"harmless": {"()": "rlactors.runtime.logs.KnownHarmless"}},
         "handlers": {"terminal": terminal,
-                     "file": {"()": "rlactors.logs.vllm_file_handler", "formatter": "vllm", "level": level}},
+                     "file": {"()": "rlactors.runtime.logs.vllm_file_handler", "formatter": "vllm", "level": level}},
         "loggers": {"vllm": {"handlers": ["terminal", "file"], "level": level, "propagate": False}},
     }
     path = Path(config_folder) / f"vllm-logging-{os.getpid()}.json"  # one per engine actor: never rewritten under a reader

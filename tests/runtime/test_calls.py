@@ -6,7 +6,7 @@ import time
 import pytest
 import ray
 
-from rlactors.calls import MAX_ERROR_CHARS, MAX_LINE_CHARS, error_text, gather, get_within
+from rlactors.runtime.calls import MAX_ERROR_CHARS, MAX_LINE_CHARS, error_text, gather, get_within
 
 TRACEBACK = """ray::RolloutEngine.ready() (pid=123, ip=10.0.0.1, actor_id=ab, repr=<RolloutEngine object>)
   File "/site-packages/ray/_private/async_compat.py", line 50, in wrapper

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from rlactors.vllm_features import NEEDED, VllmFeatures, detect
+from rlactors.runtime.vllm_features import NEEDED, VllmFeatures, detect
 
 # What each vLLM the suite runs on is known to have (measured from their sources).
 KNOWN = {"0.27.1": {"weight_versions": False}, "0.32.0": {"weight_versions": True}}
@@ -57,7 +57,7 @@ def test_every_needed_call_is_one_the_engine_or_the_weight_sync_makes():
     """The list is not stale: each name appears in the code that calls it."""
     from pathlib import Path
 
-    source = "".join(path.read_text() for path in (Path(__file__).parents[1] / "src" / "rlactors").rglob("*.py")
+    source = "".join(path.read_text() for path in (Path(__file__).parents[2] / "src" / "rlactors").rglob("*.py")
                      if path.name != "vllm_features.py")
     for what in NEEDED:
         called = what.split("(")[0].split(".")[-1]

@@ -6,8 +6,8 @@ import pytest
 
 from rlactors.config import load_config
 from rlactors.metrics import MetricsLogger, plot_metrics, read_metrics
+from rlactors.metrics.trackers import TrackerError
 from rlactors.pipelines.preflight import PreflightError, check_config
-from rlactors.trackers import TrackerError
 
 
 def _log(directory, steps, append=False):
@@ -126,7 +126,7 @@ def test_tensorboard_missing_is_skipped_only_in_the_default_list(tmp_path, monke
 
 
 def test_online_wandb_without_a_key_is_refused_before_the_run(tmp_path, monkeypatch):
-    from rlactors.trackers import check_installed
+    from rlactors.metrics.trackers import check_installed
 
     for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
         monkeypatch.delenv(name, raising=False)

@@ -1,5 +1,5 @@
 """What a user sees of a run: a JSONL metrics file always, TensorBoard, wandb and mlflow as
-`pipeline.loggers` names them (`rlactors.trackers`), a progress bar and one line per validation on the
+`pipeline.loggers` names them (`rlactors.metrics.trackers`), a progress bar and one line per validation on the
 terminal, and a PNG of the key curves (`plot_metrics`, also `python -m rlactors plot`).
 
 Metric names follow veRL's: `reward/mean`, `val/<data_source>/acc`, `actor/ppo_kl`, `timing_s/step`, ...
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rlactors.config import DEFAULT_LOGGERS
-from rlactors.trackers import close_all, open_trackers
+from rlactors.metrics.trackers import close_all, open_trackers
 
 PLOTTED = [
     ("reward/mean", "training reward"),

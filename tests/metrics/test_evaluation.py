@@ -1,4 +1,4 @@
-"""Validation and evaluation numbers (`rlactors.evaluation`): pass@k against hand-computed cases and
+"""Validation and evaluation numbers (`rlactors.metrics.evaluation`): pass@k against hand-computed cases and
 the brute-force probability it estimates, and the per-source metrics."""
 
 import itertools
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from rlactors.evaluation import k_values, pass_at_k, sample_rows, validation_metrics
+from rlactors.metrics.evaluation import k_values, pass_at_k, sample_rows, validation_metrics
 from rlactors.types import Group, PromptRequest, Sample
 
 

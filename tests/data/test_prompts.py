@@ -8,8 +8,8 @@ import pytest
 
 from rlactors.buffer.storage import json_text
 from rlactors.data import DataError, PromptDataset, read_parquet_rows, to_request, validate_rows, write_rows
+from rlactors.data.synthetic import arithmetic_rows, gsm8k_rows, make_task_rows, math_rows, write_task
 from rlactors.models import build_char_tokenizer
-from rlactors.synthetic import arithmetic_rows, gsm8k_rows, make_task_rows, math_rows, write_task
 
 
 def test_generators_are_seeded_and_in_verl_schema(tmp_path):
