@@ -183,6 +183,7 @@ def exit_status(error: BaseException) -> int | None:
     from rlactors.buffer.records import DynamicSamplingExhausted, RolloutErrorsExhausted
     from rlactors.config import ConfigError
     from rlactors.data import DataError
+    from rlactors.pipelines.checkpointing import CheckpointWriteError
     from rlactors.placement.plan import PlanError
     from rlactors.reward.failures import ScoringFailedError
     from rlactors.rollout.faults import EngineStartError, NoLiveEngineError
@@ -191,7 +192,7 @@ def exit_status(error: BaseException) -> int | None:
 
     if isinstance(error, ConfigError | DataError | PlanError):
         return 2
-    if isinstance(error, ScoringFailedError | RolloutErrorsExhausted | DynamicSamplingExhausted | NoLiveEngineError
+    if isinstance(error, ScoringFailedError | CheckpointWriteError | RolloutErrorsExhausted | DynamicSamplingExhausted | NoLiveEngineError
                   | EngineStartError | TrainerRankError | WeightSyncError | TimeoutError | ray.exceptions.RayActorError):
         return 1
     return None

@@ -4,6 +4,7 @@ the driver's RNG states, and checkpoint files that would run code when loaded.""
 import random
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -154,3 +155,33 @@ def test_a_trainer_rank_file_that_would_run_code_is_refused(ray_session, tiny_mo
     finally:
         group.shutdown()
     assert not marker.exists()
+
+
+def test_a_checkpoint_that_fills_the_disk_says_so_and_leaves_the_previous_one(tmp_path, monkeypatch):
+    from rlactors.trainer import checkpoint
+
+    root = checkpointing.checkpoint_root(tmp_path)
+    temp = checkpoint.prepare_temp_dir(root, 2)
+    (temp / "driver.json").write_text("{}")
+    previous = checkpoint.commit(root, 2)
+
+    class ActorOnAFullDisk:
+        def save_checkpoint(self, path, step):
+            Path(path).mkdir(parents=True)
+            (Path(path) / "__0_0.distcp").write_bytes(b"half a shard")
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+
+    run = SimpleNamespace(output_dir=tmp_path, step=4, actor=ActorOnAFullDisk(), critic=None)
+    monkeypatch.setattr(checkpointing, "free_bytes", lambda path: 3 << 20)
+    with pytest.raises(checkpointing.CheckpointWriteError) as failure:
+        checkpointing.save_run(run)
+    assert str(failure.value) == (
+        f"checkpoint step 4 could not be written under {root}: the disk is full (3.0 MiB free; the last checkpoint, "
+        f"step_00000002, takes {checkpointing.checkpoint_bytes(previous) / (1 << 20):.1f} MiB). Checkpoint {previous} "
+        "is intact and `latest` names it: free space, then resume from it.")
+    assert checkpoint.latest_checkpoint(root) == previous and checkpoint.damage(previous) is None
+    assert not checkpoint.temp_dir(root, 4).exists()  # the half-written one no longer takes space
+    # With space left, the same error is not called a full disk: it is raised as it came.
+    monkeypatch.setattr(checkpointing, "free_bytes", lambda path: 100 << 30)
+    with pytest.raises(RuntimeError, match="unexpected pos"):
+        checkpointing.save_run(run)

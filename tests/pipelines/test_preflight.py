@@ -167,3 +167,41 @@ def test_an_environment_that_does_not_load_is_refused_naming_where_it_was_named(
     # The tools task's rows name the built-ins, which load: preflight passes on to start Ray.
     with pytest.raises(RayStarted):
         build_run(config_for(tmp_path, tiny_model_dir, "data.task=tools"))
+
+
+def committed_checkpoint(root, step: int):
+    from rlactors.trainer import checkpoint
+
+    temp = checkpoint.prepare_temp_dir(root, step)
+    (temp / "actor").mkdir()
+    (temp / "actor" / "__0_0.distcp").write_bytes(b"shard" * 100)
+    (temp / "driver.json").write_text(json.dumps({"step": step}))
+    return checkpoint.commit(root, step)
+
+
+def test_a_damaged_checkpoint_stops_the_resume_before_ray_naming_the_file_and_the_intact_one(tmp_path, tiny_model_dir,
+                                                                                             capsys):
+    root = tmp_path / "run" / "checkpoints"
+    intact, damaged = committed_checkpoint(root, 2), committed_checkpoint(root, 4)
+    (damaged / "actor" / "__0_0.distcp").write_bytes(b"shard" * 10)  # truncated, as by a full disk or a bad copy
+    message = refusal(config_for(tmp_path, tiny_model_dir, "pipeline.resume=auto"))
+    assert message == (f"checkpoint {damaged} is damaged: actor/__0_0.distcp is 50 bytes, its manifest says 500; the "
+                       f"newest intact checkpoint before it is {intact}: resume from it with pipeline.resume={intact} "
+                       "(or pipeline.on_damaged_checkpoint=previous)")
+    # Asked for, the run resumes from the intact one: every check passes and it goes on to start Ray.
+    with pytest.raises(RayStarted):
+        build_run(config_for(tmp_path, tiny_model_dir, "pipeline.resume=auto", "pipeline.on_damaged_checkpoint=previous"))
+    assert f"resuming from {intact}, the newest intact one before it" in capsys.readouterr().out
+
+
+def test_a_run_warns_when_its_first_checkpoint_will_not_fit(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    from rlactors.pipelines import checkpointing, preflight
+
+    config = config_for(tmp_path, tiny_model_dir, "pipeline.checkpoint_every_steps=5")
+    needed = preflight.warn_if_checkpoints_will_not_fit(config, tiny_model_dir, tmp_path / "run")
+    assert needed > 3 * 1e5 and "warning" not in capsys.readouterr().out  # 3x a ~0.3M-parameter float32 model
+    monkeypatch.setattr(preflight, "free_bytes", lambda path: needed // 2)
+    with pytest.raises(RayStarted):  # a warning, not a refusal: space may be freed before step 5
+        build_run(config)
+    assert f"a checkpoint of this run takes {needed / (1 << 20):.0f} MiB" in capsys.readouterr().out
+    assert checkpointing.free_bytes(tmp_path / "run" / "not yet made") > 0  # measured on the folder that exists

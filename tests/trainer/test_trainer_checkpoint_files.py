@@ -49,6 +49,24 @@ def test_half_written_checkpoint_is_ignored(tmp_path):
     assert list(checkpoint.prepare_temp_dir(tmp_path, 4).iterdir()) == []
 
 
+def test_the_manifest_names_a_missing_truncated_or_changed_file(tmp_path):
+    temp = checkpoint.prepare_temp_dir(tmp_path, 1)
+    (temp / "actor").mkdir()
+    (temp / "actor" / "__0_0.distcp").write_bytes(b"weights" * 100)
+    (temp / "driver.json").write_text("{}")
+    done = checkpoint.commit(tmp_path, 1)
+    assert checkpoint.damage(done) is None
+    shard = done / "actor" / "__0_0.distcp"
+    shard.write_bytes(b"weights" * 50)  # a truncated file: found by its size, nothing read
+    assert checkpoint.damage(done) == "actor/__0_0.distcp is 350 bytes, its manifest says 700"
+    shard.write_bytes(b"Weights" + b"weights" * 99)  # the same size, one byte changed
+    assert "actor/__0_0.distcp changed since it was written" in checkpoint.damage(done)
+    shard.unlink()
+    assert checkpoint.damage(done) == "actor/__0_0.distcp is missing"
+    (done / checkpoint.MANIFEST).unlink()  # a checkpoint from before manifests: nothing to check it by
+    assert checkpoint.damage(done) is None
+
+
 def test_what_interrupted_writes_and_deletes_left_is_removed_and_nothing_else(tmp_path):
     done = _write(tmp_path, 3, "three")
     (checkpoint.prepare_temp_dir(tmp_path, 4) / "__0_0.distcp").write_bytes(b"\x00" * 10)  # a kill mid-write

@@ -343,6 +343,10 @@ class PipelineConfig(Section):
         "before failing with the resources that are missing.",
     )
     resume: str = Field("auto", description="'auto' (latest checkpoint in output_dir if any), 'never', or a checkpoint path.")
+    on_damaged_checkpoint: Literal["stop", "previous"] = Field(
+        "stop", description="When the checkpoint a resume would load is damaged (a file missing, truncated or changed "
+        "since it was written, by its manifest): stop before any actor starts, naming the file and the newest "
+        "intact earlier checkpoint, or resume from that one ('previous').")
     seed: int = Field(0, description="Global seed.")
     verbose: bool = Field(
         False, description="Show every INFO line of vLLM, Ray and transformers on the terminal, and known-harmless "

@@ -87,6 +87,7 @@ class Run:
     engine_key: tuple | None = None
     engines_taken: bool = False
     finished: bool = False  # the last step done and logged (`finish`): only then are trainer groups kept
+    resume_from: Path | None = None  # the checkpoint `begin` loads, checked before any actor started
     step: int = 0
     policy_version: int = 0
     exported_step: int | None = None  # the step of this process's last Hugging Face export
@@ -150,8 +151,10 @@ def build_run(config: Config, model_path: str | None = None, warm: WarmActors | 
     seed_everything(config.pipeline.seed)
     # An impossible run is refused here, before Ray or any actor starts (see rlactors.pipelines.preflight).
     preflight.check_config(config, output_dir)
+    resume_from = preflight.check_resume_point(config.pipeline.resume, output_dir, config.pipeline.on_damaged_checkpoint)
     model_path = str(model_path or ensure_run_model(config.model, output_dir))
     preflight.check_model(config, model_path)
+    preflight.warn_if_checkpoints_will_not_fit(config, model_path, output_dir)
     tokenizer = load_tokenizer(model_path)
     train_files, val_files = data_files(config, output_dir)
     dataset = PromptDataset.from_files(train_files, seed=config.data.seed, shuffle=config.data.shuffle,
@@ -221,4 +224,4 @@ def build_run(config: Config, model_path: str | None = None, warm: WarmActors | 
     print(f"weight transport: {transport.transport} ({transport.reason})")
     return Run(config, output_dir, tokenizer, dataset, val_requests, router, reward, buffer, actor,
                trainers.get("reference"), trainers.get("critic"), kl_controller, placement, builder, weight_sync,
-               warm, key, bool(kept))
+               warm, key, bool(kept), resume_from=resume_from)

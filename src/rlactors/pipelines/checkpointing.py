@@ -11,9 +11,13 @@
         driver_rng.pt the driver's Python, NumPy and torch RNG states (tensors and plain values only)
     output_dir/checkpoints/latest
 
-The whole directory is written under `step_N.tmp`, fsynced and renamed into place before `latest`
-moves (`rlactors.trainer.checkpoint.commit`), so a kill or power loss mid-write leaves the
-previous checkpoint loadable; `pipeline.keep_checkpoints` then bounds how many stay.
+The whole directory is written under `step_N.tmp`, listed with each file's size and checksum in
+`manifest.json`, fsynced and renamed into place before `latest` moves
+(`rlactors.trainer.checkpoint.commit`), so a kill or power loss mid-write leaves the previous
+checkpoint loadable; `pipeline.keep_checkpoints` then bounds how many stay. A resume checks the
+checkpoint against its manifest before any actor starts (`preflight.check_resume_point`), and a
+write that fails for lack of space says so, naming the intact previous checkpoint
+(`CheckpointWriteError`).
 
 One consistent cut: the buffer's state and the data cursor are snapshotted together under
 `PromptDataset.lock`, which `feed_prompts` holds from advancing the cursor until the prompts are
@@ -24,8 +28,10 @@ need not pause: open reservations are in the buffer's state and re-issued on res
 
 from __future__ import annotations
 
+import errno
 import json
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -78,15 +84,67 @@ def write_driver_files(run, temp: Path, cursor: dict) -> None:
 
 def save_run(run) -> Path:
     root = checkpoint_root(run.output_dir)
-    temp = checkpoint.prepare_temp_dir(root, run.step)
-    run.actor.save_checkpoint(str(temp / "actor"), run.step)
-    if run.critic is not None:
-        run.critic.save_checkpoint(str(temp / "critic"), run.step)
-    cursor = save_prompts(run.buffer, run.dataset, temp / "buffer")  # written by the buffer: its groups skip the driver
-    write_driver_files(run, temp, cursor)
-    final = checkpoint.commit(root, run.step)  # fsyncs every file first
+    try:
+        temp = checkpoint.prepare_temp_dir(root, run.step)
+        run.actor.save_checkpoint(str(temp / "actor"), run.step)
+        if run.critic is not None:
+            run.critic.save_checkpoint(str(temp / "critic"), run.step)
+        cursor = save_prompts(run.buffer, run.dataset, temp / "buffer")  # written by the buffer: its groups skip the driver
+        write_driver_files(run, temp, cursor)
+        final = checkpoint.commit(root, run.step)  # fsyncs every file first
+    except Exception as error:
+        if not out_of_space(error, root):
+            raise
+        checkpoint.remove_unfinished(root)  # what this write left takes the space the next one needs
+        raise CheckpointWriteError(f"checkpoint step {run.step} could not be written under {root}: the disk is full "
+                                   f"({_size(free_bytes(root))} free; {space_needed(root)}). "
+                                   f"{_previous(root)}") from error
     checkpoint.prune(root, run.config.pipeline.keep_checkpoints)
     return final
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written for lack of space; the previous one is untouched."""
+
+
+# Below this much free space a failed write is taken for a full disk: torch's writers report one as
+# "unexpected pos" or "enforce fail" without an errno.
+LOW_SPACE_BYTES = 64 << 20
+
+
+def out_of_space(error: BaseException, root: Path) -> bool:
+    """Whether `error`, raised while writing a checkpoint under `root`, came from a full disk."""
+    for cause in (error, error.__cause__, getattr(error, "cause", None)):
+        if isinstance(cause, OSError) and cause.errno == errno.ENOSPC:
+            return True
+    return "No space left on device" in str(error) or free_bytes(root) < LOW_SPACE_BYTES
+
+
+def free_bytes(path: Path) -> int:
+    path = Path(path)
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def checkpoint_bytes(path: Path) -> int:
+    return sum(file.stat().st_size for file in Path(path).rglob("*") if file.is_file())
+
+
+def space_needed(root: Path) -> str:
+    latest = checkpoint.latest_checkpoint(root) if root.is_dir() else None
+    return (f"the last checkpoint, {latest.name}, takes {_size(checkpoint_bytes(latest))}" if latest is not None
+            else "no earlier checkpoint of this run to size one by")
+
+
+def _previous(root: Path) -> str:
+    latest = checkpoint.latest_checkpoint(root) if root.is_dir() else None
+    return (f"Checkpoint {latest} is intact and `latest` names it: free space, then resume from it."
+            if latest is not None else "No checkpoint of this run was written yet.")
+
+
+def _size(num_bytes: int) -> str:
+    return f"{num_bytes / (1 << 30):.2f} GiB" if num_bytes >= 1 << 30 else f"{num_bytes / (1 << 20):.1f} MiB"
 
 
 def find_resume_point(resume: str, output_dir: str | Path) -> Path | None:

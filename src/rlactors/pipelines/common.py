@@ -254,14 +254,14 @@ def begin(run: Run, history: list[dict]) -> MetricsLogger:
     """Resume if asked, send the run's weights to engines that do not hold them (restored ones;
     engines taken from `run.warm` hold the last run's and sleep), open the metrics log, and
     validate once before the first step of a fresh run (appended to `history` as step 0)."""
-    from rlactors.pipelines.checkpointing import checkpoint_root, find_resume_point, load_run
+    from rlactors.pipelines.checkpointing import checkpoint_root, load_run
     from rlactors.trainer.checkpoint import remove_unfinished
 
     removed = remove_unfinished(checkpoint_root(run.output_dir))
     if removed:
         print(f"removed {len(removed)} unfinished checkpoint folder(s) an interrupted run left: "
               f"{', '.join(path.name for path in removed)}")
-    resume_from = find_resume_point(run.config.pipeline.resume, run.output_dir)
+    resume_from = run.resume_from
     if resume_from is not None:
         load_run(run, resume_from)
     if resume_from is not None or run.engines_taken:

@@ -3,8 +3,10 @@
 `build_run` calls them in this order, each as soon as what it reads exists:
 
     check_config(config, output_dir)            # the settings alone
+    resume_from = check_resume_point(...)       # the checkpoint to load, checked against its manifest
     model_path = ensure_run_model(config.model, output_dir)
     check_model(config, model_path)             # the context fits the model
+    warn_if_checkpoints_will_not_fit(config, model_path, output_dir)
     val_requests = check_prompts(config, tokenizer, dataset.rows, train_files, val_files)
 
 Each refuses what would otherwise fail only at the first batch, after minutes of engine and
@@ -25,7 +27,14 @@ from pathlib import Path
 
 from rlactors.config import Config, ConfigError
 from rlactors.data import DataError, PromptRow, read_parquet_rows, to_request, tokenize_prompt
-from rlactors.pipelines.checkpointing import DRIVER_FILE, find_resume_point
+from rlactors.pipelines.checkpointing import (
+    DRIVER_FILE,
+    checkpoint_bytes,
+    checkpoint_root,
+    find_resume_point,
+    free_bytes,
+)
+from rlactors.trainer import checkpoint
 from rlactors.types import PromptRequest
 
 
@@ -133,6 +142,49 @@ def check_resume(resume: str, output_dir: str | Path) -> None:
             f"pipeline.resume={resume!r}: {path} is not a run checkpoint (no {DRIVER_FILE}); give a "
             "checkpoint directory (step_N) or its checkpoints/ root, or 'auto' / 'never'"
         )
+
+
+def check_resume_point(resume: str, output_dir: str | Path, on_damaged: str = "stop") -> Path | None:
+    """The checkpoint a resume will load, checked against its manifest before any actor starts
+    (`rlactors.trainer.checkpoint.damage`). A damaged one stops the run with one line naming the
+    folder and the file and the newest intact earlier checkpoint, and how to resume from it; with
+    `on_damaged="previous"` (pipeline.on_damaged_checkpoint) the run resumes from that one."""
+    path = find_resume_point(resume, output_dir)
+    problem = checkpoint.damage(path) if path is not None else None
+    if problem is None:
+        return path
+    earlier = [p for p in checkpoint.committed_checkpoints(path.parent)
+               if checkpoint.step_of(p) <= checkpoint.step_of(path) and p != path and (p / DRIVER_FILE).is_file()]
+    intact = next((p for p in reversed(earlier) if checkpoint.damage(p) is None), None)
+    if intact is not None and on_damaged == "previous":
+        print(f"checkpoint {path} is damaged ({problem}): resuming from {intact}, the newest intact one before it")
+        return intact
+    advice = (f"the newest intact checkpoint before it is {intact}: resume from it with pipeline.resume={intact} "
+              "(or pipeline.on_damaged_checkpoint=previous)" if intact is not None else "no earlier checkpoint is intact")
+    raise PreflightError(f"checkpoint {path} is damaged: {problem}; {advice}")
+
+
+def warn_if_checkpoints_will_not_fit(config: Config, model_path: str | Path, output_dir: str | Path) -> int | None:
+    """Print a warning when the run's checkpoint folder has less free space than one checkpoint
+    takes: the last one's size when there is one, else about three times the model's weight files
+    (the weights and Adam's two moments), twice that with a critic. Returns the estimate (None: the
+    run writes no checkpoints)."""
+    if config.pipeline.checkpoint_every_steps <= 0:
+        return None
+    root = checkpoint_root(output_dir)
+    latest = checkpoint.latest_checkpoint(root) if root.is_dir() else None
+    if latest is not None:
+        needed, basis = checkpoint_bytes(latest), f"the last checkpoint, {latest.name}"
+    else:
+        weights = sum(file.stat().st_size for pattern in ("*.safetensors", "*.bin") for file in Path(model_path).glob(pattern))
+        copies = 6 if config.algorithm.advantage == "gae" else 3
+        needed, basis = copies * weights, f"about {copies}x the model's weight files (weights and Adam's moments)"
+    free = free_bytes(root)
+    if free < needed:
+        print(f"warning: {root} has {free / (1 << 20):.0f} MiB free, and a checkpoint of this run takes "
+              f"{needed / (1 << 20):.0f} MiB ({basis}): the checkpoint at step {config.pipeline.checkpoint_every_steps} "
+              "will not fit unless space is freed")
+    return needed
 
 
 # --------------------------------------------------------------------------------------------

@@ -8,6 +8,8 @@ Layout under a checkpoint root:
     root/step_00000014.tmp/  a checkpoint being written (one left by a kill mid-write is ignored, and
                              deleted at the next run's start: `remove_unfinished`)
     root/latest              text file naming the newest complete checkpoint ("step_00000012")
+    root/step_N/manifest.json  every file of that checkpoint with its size and CRC-32 (`damage`
+                             checks a checkpoint against it before a resume loads anything)
 
 Writers fill `temp_dir(root, step)`, then `commit(root, step)` fsyncs every file and directory in
 it, renames it into place and rewrites `latest` by write-to-temp + fsync + `os.replace` + fsync of
@@ -24,9 +26,11 @@ filesystem path (one machine, or a shared filesystem).
 
 from __future__ import annotations
 
+import json
 import pickle
 import re
 import shutil
+import zlib
 from pathlib import Path
 
 import torch
@@ -34,6 +38,8 @@ import torch
 from rlactors.runtime.durable import fsync_path, fsync_tree, write_durably
 
 LATEST = "latest"
+MANIFEST = "manifest.json"  # every file of the checkpoint with its size and CRC-32, written before the commit
+CHECKSUM_CHUNK_BYTES = 8 << 20
 TEMP_SUFFIX = ".tmp"
 DELETING_SUFFIX = ".deleting"
 # A committed checkpoint's name: the step, and a revision number when the step was saved again.
@@ -88,6 +94,7 @@ def commit(root: str | Path, step: int) -> Path:
     """Make the finished temp directory durable, move it into place and point `latest` at it.
     Returns the committed directory (`step_N`, or `step_N.<revision>` when step N existed)."""
     root = Path(root)
+    write_manifest(temp_dir(root, step))
     fsync_tree(temp_dir(root, step))
     # Re-saving a step: the new copy takes a free revision name, so the copy `latest` may name
     # stays in place until `latest` names the new one.
@@ -102,6 +109,46 @@ def commit(root: str | Path, step: int) -> Path:
         _delete(path)
     remove_unfinished(root)
     return final
+
+
+def write_manifest(path: str | Path) -> None:
+    """Record every file under checkpoint `path` with its size and CRC-32 (`MANIFEST`), so that a
+    resume can tell a damaged checkpoint (a file missing, truncated or changed) before it loads it."""
+    path = Path(path)
+    files = {str(file.relative_to(path)): {"bytes": file.stat().st_size, "crc32": _crc32(file)}
+             for file in sorted(path.rglob("*")) if file.is_file() and file.name != MANIFEST}
+    (path / MANIFEST).write_text(json.dumps({"files": files}, indent=1))
+
+
+def damage(path: str | Path) -> str | None:
+    """What is wrong with checkpoint `path` against its manifest, naming the file (None: intact, or
+    written before checkpoints had manifests). Sizes are checked first (a truncated file is found
+    without reading any), then every checksum."""
+    path = Path(path)
+    try:
+        files = json.loads((path / MANIFEST).read_text())["files"]
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError) as error:
+        return f"{MANIFEST} is unreadable ({type(error).__name__}: {error})"
+    for name, expected in files.items():
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size != expected["bytes"]:
+            return f"{name} is {file.stat().st_size} bytes, its manifest says {expected['bytes']}"
+    for name, expected in files.items():
+        if _crc32(path / name) != expected["crc32"]:
+            return f"{name} changed since it was written (its checksum differs from the manifest's)"
+    return None
+
+
+def _crc32(file: Path) -> int:
+    crc = 0
+    with open(file, "rb") as handle:
+        while chunk := handle.read(CHECKSUM_CHUNK_BYTES):
+            crc = zlib.crc32(chunk, crc)
+    return crc
 
 
 def remove_unfinished(root: str | Path) -> list[Path]:
