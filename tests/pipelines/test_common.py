@@ -103,16 +103,19 @@ def test_assembling_and_finishing_in_one_call_gives_the_batch_of_the_two_calls(r
     ray.kill(builder)
 
 
-def test_rollout_metrics_count_model_and_observation_tokens_apart():
+def test_a_batch_summary_counts_model_and_observation_tokens_apart_and_names_its_first_score_error():
     from rlactors.buffer.records import SampledBatch, describe_batch
     from rlactors.types import Group, PromptRequest, Sample
 
     request = PromptRequest("p", [1, 2])
     samples = [Sample("p", 0, [1, 2], [3, 4, 5, 6, 7], [-0.1] * 5, [0] * 5, score=1.0, loss_mask=[1, 0, 0, 1, 1],
                       num_turns=2, num_tool_calls=1),
-               Sample("p", 1, [1, 2], [8, 9, 10], [-0.1] * 3, [0] * 3, score=0.0)]  # single turn, no mask
+               Sample("p", 1, [1, 2], [8, 9, 10], [-0.1] * 3, [0] * 3, score=0.0,
+                      score_error="prompt_id=p sample_index=1: ZeroDivisionError")]  # single turn, no mask
     sampled = describe_batch(SampledBatch(0, 0, [Group(request, samples)], staleness=[0], epochs=[0]), None)
     metrics = common.rollout_metrics(sampled, max_response_tokens=8)
+    # What a scoring stop names comes with the batch's summary: the driver never fetches its Groups.
+    assert sampled.num_score_errors == 1 and sampled.first_score_error == "prompt_id=p sample_index=1: ZeroDivisionError"
     assert metrics["response_length/mean"] == 4.0  # every response token, as before
     assert metrics["response/model_tokens_mean"] == 3.0 and metrics["response/observation_tokens_mean"] == 1.0
     assert metrics["episode/num_turns_mean"] == 1.5 and metrics["episode/tool_calls_mean"] == 0.5

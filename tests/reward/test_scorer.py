@@ -240,8 +240,8 @@ def test_each_sample_gets_its_own_extra_info(user_pool):
 
 def test_step_where_every_sample_failed_stops_after_max_failed_steps(user_pool):
     user_pool.failures.num_failed_steps = 0
-    failed = ray.put([ray.get(user_pool.score(make_group("f0", "x", "ok", ["raise", "raise"])))])
-    fine = ray.put([ray.get(user_pool.score(make_group("f1", "x", "ok", ["raise", "ok"])))])
+    failed = ray.get(user_pool.score(make_group("f0", "x", "ok", ["raise", "raise"]))).samples[0].score_error
+    fine = ray.get(user_pool.score(make_group("f1", "x", "ok", ["raise", "ok"]))).samples[0].score_error
     user_pool.check_step(2, 2, failed)
     user_pool.check_step(2, 1, fine)  # one scored sample: the streak starts again
     user_pool.check_step(2, 2, failed)

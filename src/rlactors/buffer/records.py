@@ -93,6 +93,7 @@ class SampledBatchRef:
     scores: list[float | None] = field(default_factory=list)  # per sample
     accuracies: list[float | None] = field(default_factory=list)  # per sample: score_details["acc"], or None
     num_score_errors: int = 0
+    first_score_error: str | None = None  # the batch's first Sample.score_error: what a scoring stop names
     num_dropped: dict[str, int] = field(default_factory=dict)  # by DROP_KINDS: drops since the previous batch
     # Per sample, for multi-turn metrics: response tokens the model wrote (the rest are observations).
     num_model_tokens: list[int] = field(default_factory=list)
@@ -110,7 +111,8 @@ def describe_batch(batch: SampledBatch, groups_ref: Any) -> SampledBatchRef:
         list(batch.epochs), [len(s.prompt_token_ids) for s in samples], [s.num_response_tokens for s in samples],
         [s.score for s in samples],
         [float(s.score_details["acc"]) if s.score_details.get("acc") is not None else None for s in samples],
-        sum(s.score_error is not None for s in samples), dict(batch.num_dropped),
+        sum(s.score_error is not None for s in samples),
+        next((s.score_error for s in samples if s.score_error is not None), None), dict(batch.num_dropped),
         num_model_tokens=[s.num_model_tokens for s in samples], num_turns=[s.num_turns for s in samples],
         num_tool_calls=[s.num_tool_calls for s in samples],
     )

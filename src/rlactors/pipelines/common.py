@@ -288,7 +288,7 @@ def end_step(run: Run, logger: MetricsLogger, sampled: SampledBatchRef, metrics:
     pipeline = run.config.pipeline
     run.step += 1
     metrics |= rollout_metrics(sampled, run.config.rollout.sampling.max_response_tokens)
-    run.reward.check_step(len(sampled.scores), sampled.num_score_errors, sampled.groups_ref)  # stops a run scoring nothing
+    run.reward.check_step(len(sampled.scores), sampled.num_score_errors, sampled.first_score_error)  # stops a run scoring nothing
     metrics |= {f"timing_s/{name}": seconds for name, seconds in timings.items()}
     metrics["throughput/tokens_per_s_per_device"] = throughput(sampled, timings["step"], run.num_devices)
     metrics["policy_version"] = run.policy_version

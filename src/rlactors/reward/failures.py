@@ -1,7 +1,7 @@
 """Stopping a run whose scoring fails everywhere, instead of training on zero rewards.
 
     streak = FailureStreak(max_failed_steps=3)
-    streak.record(num_samples=16, num_errors=16, first_error=lambda: "prompt_id=p0 ...: ZeroDivisionError")
+    streak.record(num_samples=16, num_errors=16, first_error="prompt_id=p0 ...: ZeroDivisionError")
     # raises ScoringFailedError on the third step in a row where every sample failed
 
 A step counts as failed when every one of its samples carries a score error (its function raised,
@@ -10,8 +10,6 @@ the count. `max_failed_steps=0` never stops.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 
 class ScoringFailedError(RuntimeError):
@@ -28,10 +26,10 @@ class FailureStreak:
         self.num_failed_steps = 0
         self.first_error: str | None = None  # of the current streak
 
-    def record(self, num_samples: int, num_errors: int, first_error: Callable[[], str | None]) -> None:
-        """Count one step. `first_error` gives the text of the step's first score error; it is
-        called only for the first step of a streak (it may fetch data). Raises ScoringFailedError
-        naming that error when the streak reaches `max_failed_steps`."""
+    def record(self, num_samples: int, num_errors: int, first_error: str | None) -> None:
+        """Count one step. `first_error` is the text of the step's first score error; the streak
+        keeps its first step's. Raises ScoringFailedError naming that error when the streak reaches
+        `max_failed_steps`."""
         if num_errors > num_samples or num_errors < 0:
             raise ValueError(f"a step has {num_errors} score errors for {num_samples} samples")
         if num_samples == 0 or num_errors < num_samples:
@@ -39,7 +37,7 @@ class FailureStreak:
             return
         self.num_failed_steps += 1
         if self.num_failed_steps == 1:
-            self.first_error = first_error()
+            self.first_error = first_error
         if self.max_failed_steps and self.num_failed_steps >= self.max_failed_steps:
             raise ScoringFailedError(
                 f"scoring failed on every sample for {self.num_failed_steps} steps in a row "

@@ -128,16 +128,11 @@ class RewardPool:
         get_within([actor.load_state_dict.remote(state if i == 0 else empty) for i, actor in enumerate(self.actors)],
                    STATE_TIMEOUT_S, "reward scorers' load_state_dict")
 
-    def check_step(self, num_samples: int, num_score_errors: int, groups_ref: ray.ObjectRef | None) -> None:
-        """Count one training step's scoring outcome; raises ScoringFailedError once every sample
-        failed for `reward.max_failed_steps` steps in a row. The first error's text is read from
-        the step's groups (fetched only then, and only once per streak)."""
-
-        def first_error() -> str | None:
-            groups = get_within(groups_ref, STARTUP_TIMEOUT_S, "the failed step's groups") if groups_ref else []
-            return next((s.score_error for g in groups for s in g.samples if s.score_error), None)
-
-        self.failures.record(num_samples, num_score_errors, first_error)
+    def check_step(self, num_samples: int, num_score_errors: int, first_score_error: str | None) -> None:
+        """Count one training step's scoring outcome (the buffer's summary of the batch: no Group
+        reaches the driver); raises ScoringFailedError naming the streak's first error once every
+        sample failed for `reward.max_failed_steps` steps in a row."""
+        self.failures.record(num_samples, num_score_errors, first_score_error)
 
     def shutdown(self) -> None:
         """Close every scorer (each stops its worker's process group) within CLOSE_TIMEOUT_S, kill
