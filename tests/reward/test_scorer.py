@@ -12,6 +12,7 @@ import pytest
 import ray
 
 from rlactors.config import OverlongConfig, RewardConfig
+from rlactors.reward import pool as pool_module
 from rlactors.reward.failures import ScoringFailedError
 from rlactors.reward.pool import RewardPool
 from rlactors.reward.scorer import RewardScorer
@@ -266,7 +267,7 @@ def wait_until_gone(pids: list[int], timeout_s: float = 60.0) -> list[str]:
 
 
 @pytest.mark.timeout(300)
-def test_grandchildren_die_with_a_killed_scorer_and_with_the_pool(ray_session, tmp_path):
+def test_grandchildren_die_with_a_killed_scorer_and_with_the_pool(ray_session, tmp_path, monkeypatch):
     path = tmp_path / "user_rewards.py"
     path.write_text(USER_FUNCTIONS)
     pool = RewardPool(RewardConfig(num_workers=1, custom_function=f"{path}:compute_score"))
@@ -275,7 +276,9 @@ def test_grandchildren_die_with_a_killed_scorer_and_with_the_pool(ray_session, t
             before = set(tmp_path.glob("spawn.*"))
             assert ray.get(pool.score(make_group("g0", "x", "ok", ["spawn"], pid_dir=str(tmp_path)))).scores == [1.0]
             (record,) = set(tmp_path.glob("spawn.*")) - before
-            return int(record.read_text()), int(record.suffix[1:])  # worker, grandchild
+            worker = int(record.read_text())
+            assert pool.worker_pids() == [worker]  # the pool knows each incarnation's worker, not the first one's
+            return worker, int(record.suffix[1:])  # worker, grandchild
 
         worker, grandchild = spawn()
         assert alive(grandchild)
@@ -291,7 +294,9 @@ def test_grandchildren_die_with_a_killed_scorer_and_with_the_pool(ray_session, t
         assert wait_until_gone([worker, grandchild]) == []
 
         worker, grandchild = spawn()  # the scorer's third incarnation
-        pool.shutdown()
+        monkeypatch.setattr(pool_module, "CLOSE_TIMEOUT_S", 0.0)  # it does not close in time: its group is killed by hand
+        with pytest.raises(RuntimeError, match="scorer 0 did not close within 0 s"):
+            pool.shutdown()
         assert wait_until_gone([worker, grandchild]) == []
     finally:
         if pool.actors:

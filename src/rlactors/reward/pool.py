@@ -22,7 +22,7 @@ import ray
 from rlactors.config import RewardConfig
 from rlactors.reward.failures import FailureStreak
 from rlactors.reward.scorer import COUNTERS, RewardScorer, resolve_function_spec
-from rlactors.reward.worker import kill_process_group
+from rlactors.reward.worker import kill_process_group, noted_worker
 from rlactors.runtime.calls import error_text, gather, get_within
 from rlactors.runtime.transport import results_in_object_store
 from rlactors.types import Group
@@ -73,10 +73,11 @@ class RewardPool:
         ]
         self.in_flight: list[list[tuple[ray.ObjectRef, int]]] = [[] for _ in self.actors]
         self.failures = FailureStreak(config.max_failed_steps)
-        # Startup errors surface here. The worker pids are the first workers' (a timeout restarts one).
+        # Startup errors surface here. Each scorer's note of its current worker's pid (a timeout or a
+        # restart of the actor starts a new worker, which replaces the note).
         try:
-            self.worker_groups: list[tuple[str, int]] = get_within(
-                [actor.worker_group.remote() for actor in self.actors], STARTUP_TIMEOUT_S, "reward scorer startup"
+            self.worker_notes: list[tuple[str, str | None]] = get_within(
+                [actor.worker_note.remote() for actor in self.actors], STARTUP_TIMEOUT_S, "reward scorer startup"
             )
         except BaseException:
             for actor in self.actors:  # nobody else holds them yet: a failed pool leaves no scorer behind
@@ -140,16 +141,22 @@ class RewardPool:
         (elsewhere a worker notices its actor's death and kills its own group)."""
         closed, errors, not_closed = gather({index: actor.close.remote() for index, actor in enumerate(self.actors)},
                                             CLOSE_TIMEOUT_S)
-        node_id = ray.get_runtime_context().get_node_id()
-        for index, (actor, (worker_node, pid)) in enumerate(zip(self.actors, self.worker_groups, strict=True)):
+        pids = self.worker_pids()
+        for index, actor in enumerate(self.actors):
             ray.kill(actor)  # closed or not
-            if index not in closed and worker_node == node_id and _is_reward_worker(pid):
-                kill_process_group(pid)
-        self.actors, self.in_flight, self.worker_groups = [], [], []
+            if index not in closed and pids[index] is not None and _is_reward_worker(pids[index]):
+                kill_process_group(pids[index])
+        self.actors, self.in_flight, self.worker_notes = [], [], []
         if errors or not_closed:
             problems = [f"scorer {index}: {error_text(error, first_line=True)}" for index, error in errors.items()]
             problems += [f"scorer {index} did not close within {CLOSE_TIMEOUT_S:g} s" for index in not_closed]
             raise RuntimeError(f"reward scorers shutdown (all were killed): {'; '.join(problems)}")
+
+    def worker_pids(self) -> list[int | None]:
+        """Each scorer's current worker pid, read from its note; None for a scorer on another node
+        (its note is on that node, and there a worker notices its actor's death itself)."""
+        node_id = ray.get_runtime_context().get_node_id()
+        return [noted_worker(note) if node == node_id else None for node, note in self.worker_notes]
 
     def _least_loaded(self) -> int:
         for calls in self.in_flight:

@@ -113,9 +113,11 @@ class RewardScorer:
         self.counts = dict.fromkeys(COUNTERS, 0) | {k: int(v) for k, v in state["counts"].items()}
         self.scoring_s = float(state["scoring_s"])
 
-    def worker_group(self) -> tuple[str, int]:
-        """(node id, pid) of the worker, which leads its process group."""
-        return ray.get_runtime_context().get_node_id(), self.process.pid
+    def worker_note(self) -> tuple[str, str | None]:
+        """(node id, the file on that node where this scorer notes the pid of its current worker,
+        which leads its process group): a new worker after a timeout, or after Ray restarted the
+        actor, replaces the note, so whoever reads it finds the live one."""
+        return ray.get_runtime_context().get_node_id(), self._worker_record
 
     def close(self) -> None:
         stop_worker(self.process, self.connection)

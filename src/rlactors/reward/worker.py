@@ -144,16 +144,22 @@ def worker_record() -> str | None:
     return os.path.join(session_dir(), "rlactors-reward-workers", actor_id)
 
 
-def stop_previous_worker(record: str | None) -> None:
-    """Kill the process group of the worker an earlier incarnation of this actor noted."""
+def noted_worker(record: str | None) -> int | None:
+    """The pid of the worker a scorer actor noted last in `record` (None: no note)."""
     if record is None:
-        return
+        return None
     try:
         with open(record) as handle:
-            pid = int(handle.read())
+            return int(handle.read())
     except (FileNotFoundError, ValueError):
-        return
-    kill_process_group(pid)
+        return None
+
+
+def stop_previous_worker(record: str | None) -> None:
+    """Kill the process group of the worker an earlier incarnation of this actor noted."""
+    pid = noted_worker(record)
+    if pid is not None:
+        kill_process_group(pid)
 
 
 def note_worker(record: str | None, pid: int) -> None:
