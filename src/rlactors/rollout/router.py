@@ -35,9 +35,9 @@ A request the engine itself refuses (a prompt too long, bad token ids) comes bac
 "error" samples naming its prompt_id: never silently dropped.
 
 Bounds: `ready()` waits at most `start_timeout_s`; sleep, wake-up and state loads at most
-`call_timeout_s` (a TimeoutError names the replicas and the call), and so does each call of a
-weight sync (`rlactors.weight_sync.client`). A replica that dies during one of them is marked
-failed and the call goes on with the others.
+`call_timeout_s`, and so does each call of a weight sync (`rlactors.weight_sync.client`). A replica
+that dies or hangs during one of them is marked failed (a hung one killed, for Ray to restart) and
+the call goes on with the others.
 
 Threads: in async mode the producer thread iterates `generate_refs` while the trainer thread syncs
 weights (`weight_sync_targets` / `weight_sync_done`; validation generates too). The replicas' states, failures and revivals live
@@ -387,7 +387,9 @@ class RolloutRouter:
     def _call(self, live: list[tuple[int, int]], method: str, *args, timeout_s: float | None = None) -> dict:
         """`method(*args)` on each (replica, incarnation) in `live`, within `timeout_s` (default
         `call_timeout_s`): {replica: result}. A replica that dies (or whose vLLM engine dies) is
-        marked failed and left out; an engine's own exception is raised, noting the replica."""
+        marked failed and left out, and so is one that hangs in the call (not answered within the
+        bound: it is killed, and Ray restarts it with the current weights like a hung generation);
+        an engine's own exception is raised, noting the replica."""
         timeout_s = self.call_timeout_s if timeout_s is None else timeout_s
         if not live:
             return {}
@@ -404,8 +406,8 @@ class RolloutRouter:
                 self.replicas.mark_failed(index, f"{method}: {error_text(error)}", incarnations[index])
             else:
                 raise error
-        if stuck:
-            raise TimeoutError(f"rollout replica(s) {stuck}: {method}() not answered within {timeout_s:g} s "
-                               "(rollout.call_timeout_s)")
+        for index in stuck:
+            self.replicas.mark_failed(index, f"{method}: hung, no answer within {timeout_s:g} s (rollout.call_timeout_s)",
+                                      incarnations[index], kill=True)
         return results
 
