@@ -77,13 +77,18 @@ def test_health_answers_while_the_engine_generates(engine, reference):
     sampling = SamplingConfig(num_samples_per_prompt=4, max_response_tokens=LONG_TOKENS, ignore_eos=True)
     stream = engine.generate.remote(prompts(tokenizer, ["one", "two", "three", "four"]), sampling)
     wait_until_generating(engine)
-    latencies_s, in_flight = [], []
+    latencies_s, in_flight, outputs = [], [], []
     for _ in range(20):
         start = time.perf_counter()
         health = get_within(engine.health.remote(), 30, "health() while generating")
         latencies_s.append(time.perf_counter() - start)
         in_flight.append(health["num_in_flight_samples"])
+        outputs.append(health["num_engine_outputs"])
     groups = [ray.get(ref) for ref in stream]
+    # The engine core's progress, which the router's watchdog reads: it grows while generating.
+    done = get_within(engine.health.remote(), 30, "health() after generating")
+    assert not health["paused"] and done["num_engine_outputs"] > outputs[0], (outputs, done["num_engine_outputs"])
+    assert done["num_engine_outputs"] >= 4 * LONG_TOKENS  # one output per sample per engine step, at least
     print(f"health() while generating: median {sorted(latencies_s)[len(latencies_s) // 2] * 1e3:.1f} ms, "
           f"max {max(latencies_s) * 1e3:.1f} ms; in-flight samples seen {in_flight}")
     assert len(groups) == 4 and health["healthy"] and health["error"] is None

@@ -98,6 +98,7 @@ from rlactors.placement.cluster import unplaced_options
 from rlactors.rollout.admission import AdmissionGate, run_request
 from rlactors.rollout.engine_core import (
     Suspension,
+    count_progress,
     dead_detail,
     dead_error,
     prepare_environment,
@@ -155,6 +156,7 @@ class RolloutEngine:
         self.num_version_disagreements = 0  # pieces whose tokens vLLM labels otherwise than the gate (must stay 0)
         self._gate = AdmissionGate()  # closed while weights change or the engine sleeps (rlactors.rollout.admission)
         self.llm = None
+        self.progress = None  # engine-core outputs processed (`count_progress`): a hung core stops it
         self.vllm_features = None  # what the installed vLLM offers (rlactors.runtime.vllm_features), at start
         self.vocab_size = 0
         self.front_end_cpu_cores: list[int] = []  # CPU: this process's cores, kept off the model's
@@ -196,6 +198,7 @@ class RolloutEngine:
                     self.start_error = str(error)
                     raise
                 self.vocab_size = self.llm.model_config.get_vocab_size()
+                self.progress = count_progress(self.llm)
                 await self._vllm("ready", self.llm.update_weight_version(str(self.policy_version)))
         if self.llm.errored:
             raise dead_error(self.llm, "ready", self.error_file)
@@ -212,6 +215,10 @@ class RolloutEngine:
             "asleep": self.asleep,
             "weights_mixed": self.weights_mixed,
             "num_in_flight_samples": len(self._in_flight),
+            # A count that stands still while samples are in flight and nothing pauses them: the
+            # engine core hangs (the router's watchdog kills such a replica).
+            "num_engine_outputs": self.progress.num_outputs if self.progress is not None else None,
+            "paused": self.asleep or self._update is not None,
             "num_interrupted": self.num_interrupted,
             "num_version_disagreements": self.num_version_disagreements,
             "platform": self.platform,

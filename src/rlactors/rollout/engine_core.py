@@ -80,6 +80,32 @@ def start_vllm(model_path: str, config: RolloutConfig, platform: str, dtype: str
     return llm, front_end_cpu_cores
 
 
+class Progress:
+    """Engine-core outputs vLLM's front end has processed (one per request per engine step): it
+    grows while the engine core generates and stands still when the core hangs, even though the
+    actor around it still answers `health()`."""
+
+    def __init__(self):
+        self.num_outputs = 0
+
+
+def count_progress(llm) -> Progress | None:
+    """Count what `llm`'s output handler processes (its `output_processor.process_outputs`, looked up
+    at each engine step); None on a vLLM without that hook (then no stall is told from progress)."""
+    processor = getattr(llm, "output_processor", None)
+    process = getattr(processor, "process_outputs", None)
+    if process is None:
+        return None
+    progress = Progress()
+
+    def counted(outputs, *args, **kwargs):
+        progress.num_outputs += len(outputs)
+        return process(outputs, *args, **kwargs)
+
+    processor.process_outputs = counted
+    return progress
+
+
 def start_failure_cause(error: BaseException, error_file: str | None) -> str:
     """The first error vLLM's processes recorded (the root cause: later ones are its echoes in the
     processes above), else the front end's own error."""

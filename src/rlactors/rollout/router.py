@@ -19,7 +19,9 @@ Guarantees: every request yields exactly one Group, or the call raises. A replic
 actor dies, its vLLM engine dies (EngineDeadError: the actor is killed so Ray restarts it), one of
 its results is lost (ObjectLostError and kin), or it hangs: a replica whose streams yield nothing
 for `stall_timeout_s` is asked `health()`, and one that does not answer within `health_timeout_s`
-is killed (an engine busy with long responses answers, and is left alone). An actor Ray restarted
+is killed (an engine busy with long responses answers, and is left alone); so is one whose engine
+core made no progress between two such probes `stall_timeout_s` apart while samples were in flight
+and nothing paused them (its actor answers, its core does not: `health()`'s output count). An actor Ray restarted
 between two calls comes back with the initial weights: its first group's tokens carry a version
 older than the one it held, and it is failed like the others (that group is not yielded). The
 requests a failed replica had not returned are re-sent to live replicas from scratch. If replicas
@@ -55,7 +57,13 @@ import ray
 
 from rlactors.config import RolloutConfig
 from rlactors.rollout.engine import create_engine
-from rlactors.rollout.faults import LOST_RESULT_ERRORS, EngineStartError, NoLiveEngineError, is_engine_dead
+from rlactors.rollout.faults import (
+    LOST_RESULT_ERRORS,
+    EngineStartError,
+    NoLiveEngineError,
+    engine_stalled,
+    is_engine_dead,
+)
 from rlactors.rollout.replicas import Replicas
 from rlactors.rollout.samples import GroupSummary, SamplingArg
 from rlactors.runtime.calls import error_text, gather, get_within, outcome
@@ -182,6 +190,7 @@ class RolloutRouter:
         unconfirmed: dict = {}  # ObjectRefGenerator -> ref of the Group whose summary comes next
         last_progress: dict[int, float] = {}  # replica -> when its streams last yielded (or it answered health)
         probes: dict[int, tuple[ray.ObjectRef, float]] = {}  # replica -> (health() call, when sent)
+        counts: dict[int, tuple[int, float]] = {}  # replica -> (its engine's output count, when it last changed)
         while outstanding or streams:
             if outstanding:
                 outstanding = self._send(outstanding, pending, streams)
@@ -225,17 +234,19 @@ class RolloutRouter:
                         continue
                     pending[stream].pop(summary.group_id)
                     yield summary, group_ref
-            outstanding += self._watch(streams, pending, unconfirmed, last_progress, probes)
+            outstanding += self._watch(streams, pending, unconfirmed, last_progress, probes, counts)
 
-    def _watch(self, streams: dict, pending: dict, unconfirmed: dict, last_progress: dict, probes: dict
-               ) -> list[tuple]:
-        """The watchdog: ask quiet replicas health(); kill one that does not answer in time and
-        return its requests for re-sending."""
+    def _watch(self, streams: dict, pending: dict, unconfirmed: dict, last_progress: dict, probes: dict,
+               counts: dict) -> list[tuple]:
+        """The watchdog: ask quiet replicas health(); kill one that does not answer in time, or whose
+        engine core made no progress since an earlier probe (`engine_stalled`), and return its
+        requests for re-sending."""
         now = time.monotonic()
         active = {index: incarnation for index, incarnation, _ in streams.values()}
         for index in set(last_progress) - set(active):
             last_progress.pop(index)
             probes.pop(index, None)
+            counts.pop(index, None)
         lost = []
         for index, incarnation in active.items():
             quiet_s = now - last_progress.setdefault(index, now)
@@ -249,10 +260,17 @@ class RolloutRouter:
             if ray.wait([probe], timeout=0)[0]:
                 del probes[index]
                 answer = outcome(probe, self.health_timeout_s)
-                if not (isinstance(answer, dict) and answer.get("healthy") is False):
+                stalled = False
+                if isinstance(answer, dict) and answer.get("healthy") is not False:
+                    stalled, counts[index] = engine_stalled(answer, counts.get(index), now, self.stall_timeout_s)
+                if not (isinstance(answer, dict) and answer.get("healthy") is False) and not stalled:
                     last_progress[index] = now  # busy, not hung (a dead actor's streams fail on their own)
                     continue
-                reason = "its vLLM engine is dead (health() says so while its streams are quiet)"
+                reason = ("its vLLM engine is dead (health() says so while its streams are quiet)" if not stalled else
+                          f"hung: its engine core made no progress for {now - counts[index][1]:.0f} s with "
+                          f"{answer['num_in_flight_samples']} sample(s) in flight, though the actor answers health() "
+                          "(rollout.stall_timeout_s)")
+                counts.pop(index, None)
                 self.replicas.mark_failed(index, reason, incarnation, kill=True)
                 lost += self._drop_streams(index, streams, pending, unconfirmed)
                 last_progress.pop(index)
