@@ -70,7 +70,7 @@ def _export(checkpoint: str, out: str, model: str | None, dtype_name: str | None
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlactors", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="train as CONFIG says")
@@ -106,12 +106,17 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--cpus-per-node", type=float, default=None, help="CPUs per node (default: not checked)")
     plan.add_argument("--device-memory-gib", type=float, default=None, help="memory of one GPU, for the fit check")
     plan.add_argument("--json", action="store_true", help="one JSON object instead of the table")
-    args, extra = parser.parse_known_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    commands = parser()
+    args, extra = commands.parse_known_args(argv)
     # Overrides may follow options (`plan CONFIG --nodes 4 model.path=...`), which argparse leaves over.
     if extra and hasattr(args, "overrides") and all("=" in item and not item.startswith("-") for item in extra):
         args.overrides += extra
     elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        commands.error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(args, "verbose", False):
         args.overrides.append("pipeline.verbose=true")
 

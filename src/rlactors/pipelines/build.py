@@ -9,6 +9,7 @@ import logging
 import os
 import random
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -138,6 +139,25 @@ def trainer_settings(config: Config, device_kind: str) -> TrainerConfig:
     return trainer
 
 
+def start_trainers(config: Config, model_path: str, trainer_config, placement, take_kept, trainers: dict,
+                   taken: dict) -> None:
+    """A trainer group per role into `trainers`: a kept one whose processes match (`take_kept`, which
+    moves them into `taken` until each is given its role) begun on this run, else a new one. What
+    it started is in the two dicts when it raises, for the caller to stop."""
+    algorithm = config.algorithm
+    norm_tokens = algorithm.loss_norm_tokens or config.rollout.sampling.max_response_tokens
+    keys = {role: trainer_key(role, trainer_config) for role in trainer_roles(config)}
+    if take_kept is not None:
+        taken.update(take_kept(list(keys.values())))
+    for role, role_key in keys.items():
+        if role_key in taken:
+            trainers[role] = taken.pop(role_key)
+            trainers[role].start_run(model_path, trainer_config, algorithm, config.pipeline.seed, norm_tokens)
+        else:
+            trainers[role] = TrainerGroup(role, model_path, trainer_config, algorithm, seed=config.pipeline.seed,
+                                          norm_tokens=norm_tokens, placement=placement)
+
+
 def build_run(config: Config, model_path: str | None = None, warm: WarmActors | None = None) -> Run:
     """Validate data, build the model if asked, plan the run on the cluster and reserve its
     devices, then start every actor the config needs in its place. With `warm`, engines kept by an
@@ -175,18 +195,8 @@ def build_run(config: Config, model_path: str | None = None, warm: WarmActors | 
     router = reward = buffer = builder = None
     try:
         algorithm, sampling = config.algorithm, config.rollout.sampling
-        norm_tokens = algorithm.loss_norm_tokens or sampling.max_response_tokens
-        trainer_config = trainer_settings(config, plan.cluster.device_kind)
-        keys = {role: trainer_key(role, trainer_config) for role in trainer_roles(config)}
-        if kept:
-            taken = warm.take_trainers(kept, list(keys.values()))
-        for role, role_key in keys.items():
-            if role_key in taken:
-                trainers[role] = taken.pop(role_key)
-                trainers[role].start_run(model_path, trainer_config, algorithm, config.pipeline.seed, norm_tokens)
-            else:
-                trainers[role] = TrainerGroup(role, model_path, trainer_config, algorithm, seed=config.pipeline.seed,
-                                              norm_tokens=norm_tokens, placement=placement)
+        start_trainers(config, model_path, trainer_settings(config, plan.cluster.device_kind), placement,
+                       partial(warm.take_trainers, kept) if kept else None, trainers, taken)
         if config.trainer.offload and config.pipeline.mode == "colocated":
             # Before the engines start: vLLM claims its share of the device only if it is free, and
             # the first generation then has the device to itself.
