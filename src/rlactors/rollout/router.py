@@ -61,12 +61,12 @@ from rlactors.rollout.faults import (
     LOST_RESULT_ERRORS,
     EngineStartError,
     NoLiveEngineError,
-    engine_stalled,
     is_engine_dead,
 )
 from rlactors.rollout.replicas import Replicas
 from rlactors.rollout.samples import GroupSummary, SamplingArg
-from rlactors.runtime.calls import error_text, gather, get_within, outcome
+from rlactors.rollout.watchdog import Watchdog
+from rlactors.runtime.calls import error_text, gather, get_within
 from rlactors.runtime.phases import PHASE_LOG_TIMEOUT_S
 from rlactors.types import Group, PromptRequest
 
@@ -188,9 +188,7 @@ class RolloutRouter:
         # An engine streams each Group, then its summary: the summary confirms the Group before it
         # (an engine that dies in between ends its stream with an error in the summary's place).
         unconfirmed: dict = {}  # ObjectRefGenerator -> ref of the Group whose summary comes next
-        last_progress: dict[int, float] = {}  # replica -> when its streams last yielded (or it answered health)
-        probes: dict[int, tuple[ray.ObjectRef, float]] = {}  # replica -> (health() call, when sent)
-        counts: dict[int, tuple[int, float]] = {}  # replica -> (its engine's output count, when it last changed)
+        watchdog = Watchdog(self)
         while outstanding or streams:
             if outstanding:
                 outstanding = self._send(outstanding, pending, streams)
@@ -218,9 +216,9 @@ class RolloutRouter:
                         raise  # not a replica's fault
                     lost = "a result could not be read: " if isinstance(error, LOST_RESULT_ERRORS) else ""
                     self.replicas.mark_failed(index, lost + error_text(error), incarnation, kill=is_engine_dead(error))
-                    outstanding += self._drop_streams(index, streams, pending, unconfirmed)
+                    outstanding += self.drop_streams(index, streams, pending, unconfirmed)
                 else:
-                    last_progress[index] = time.monotonic()
+                    watchdog.progressed(index)
                     if confirmed is None:
                         continue
                     summary, group_ref = confirmed
@@ -230,60 +228,17 @@ class RolloutRouter:
                         self.replicas.mark_failed(index, f"restarted unseen: group {summary.group_id!r} carries "
                                                          f"policy version {summary.policy_versions[0]}, the replica "
                                                          f"held {held_version}", incarnation)
-                        outstanding += self._drop_streams(index, streams, pending, unconfirmed)
+                        outstanding += self.drop_streams(index, streams, pending, unconfirmed)
                         continue
                     pending[stream].pop(summary.group_id)
                     yield summary, group_ref
-            outstanding += self._watch(streams, pending, unconfirmed, last_progress, probes, counts)
+            outstanding += watchdog.check(streams, pending, unconfirmed)
 
-    def _watch(self, streams: dict, pending: dict, unconfirmed: dict, last_progress: dict, probes: dict,
-               counts: dict) -> list[tuple]:
-        """The watchdog: ask quiet replicas health(); kill one that does not answer in time, or whose
-        engine core made no progress since an earlier probe (`engine_stalled`), and return its
-        requests for re-sending."""
-        now = time.monotonic()
-        active = {index: incarnation for index, incarnation, _ in streams.values()}
-        for index in set(last_progress) - set(active):
-            last_progress.pop(index)
-            probes.pop(index, None)
-            counts.pop(index, None)
-        lost = []
-        for index, incarnation in active.items():
-            quiet_s = now - last_progress.setdefault(index, now)
-            if index not in probes:
-                if quiet_s >= self.stall_timeout_s:
-                    probes[index] = (self.engines[index].health.remote(), now)
-                    with self._lock:
-                        self.num_health_probes += 1
-                continue
-            probe, sent_at = probes[index]
-            if ray.wait([probe], timeout=0)[0]:
-                del probes[index]
-                answer = outcome(probe, self.health_timeout_s)
-                stalled = False
-                if isinstance(answer, dict) and answer.get("healthy") is not False:
-                    stalled, counts[index] = engine_stalled(answer, counts.get(index), now, self.stall_timeout_s)
-                if not (isinstance(answer, dict) and answer.get("healthy") is False) and not stalled:
-                    last_progress[index] = now  # busy, not hung (a dead actor's streams fail on their own)
-                    continue
-                reason = ("its vLLM engine is dead (health() says so while its streams are quiet)" if not stalled else
-                          f"hung: its engine core made no progress for {now - counts[index][1]:.0f} s with "
-                          f"{answer['num_in_flight_samples']} sample(s) in flight, though the actor answers health() "
-                          "(rollout.stall_timeout_s)")
-                counts.pop(index, None)
-                self.replicas.mark_failed(index, reason, incarnation, kill=True)
-                lost += self._drop_streams(index, streams, pending, unconfirmed)
-                last_progress.pop(index)
-            elif now - sent_at >= self.health_timeout_s:
-                reason = (f"hung: no result for {quiet_s:.0f} s and health() unanswered within "
-                          f"{self.health_timeout_s:g} s (rollout.stall_timeout_s, rollout.health_timeout_s)")
-                self.replicas.mark_failed(index, reason, incarnation, kill=True)
-                lost += self._drop_streams(index, streams, pending, unconfirmed)
-                last_progress.pop(index)
-                del probes[index]
-        return lost
+    def count_health_probe(self) -> None:
+        with self._lock:
+            self.num_health_probes += 1
 
-    def _drop_streams(self, index: int, streams: dict, pending: dict, unconfirmed: dict) -> list[tuple]:
+    def drop_streams(self, index: int, streams: dict, pending: dict, unconfirmed: dict) -> list[tuple]:
         """Forget every stream of replica `index`; returns the requests they had not answered."""
         lost = []
         for stream in [s for s, (i, _, _) in streams.items() if i == index]:
