@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from test_logs import assert_prints_little_and_logs_everything
+from tiny_runs import assert_prints_little_and_logs_everything
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RAY_BIN = str(Path(sys.executable).parent / "ray")

@@ -8,6 +8,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from tiny_runs import assert_prints_little_and_logs_everything, log_text
 
 VLLM_PROCESS = """
 import os
@@ -43,10 +44,6 @@ logging.getLogger("vllm.worker").error("sleep mode is not supported on CPU, and 
 def run_python(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120,
                           check=True)
-
-
-def log_text(folder) -> str:
-    return "".join(path.read_text() for path in sorted(folder.glob("*.log")))
 
 
 def test_vllm_processes_keep_info_and_harmless_warnings_in_the_file(tmp_path):
@@ -88,21 +85,6 @@ def test_verbose_process_shows_dependency_warnings(tmp_path):
 
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart_cpu.yaml"
-# Per-step vLLM lines that used to reach the terminal on every training step.
-PER_STEP_LINES = ("setting pause state", "Successfully reset prefix cache", "sleep mode is not supported",
-                  "Failed to load weights")
-
-
-def assert_prints_little_and_logs_everything(terminal: str, output_dir, num_steps: int) -> None:
-    """The terminal of a run keeps the progress bar, the validation lines and the paths; each step's
-    vLLM lines land in its log folder only, with every Ray worker's raw output."""
-    lines = [line for line in terminal.replace("\r", "\n").splitlines() if line.strip() and not line.startswith("steps:")]
-    assert len(lines) <= 40, "\n".join(lines)
-    assert not [line for line in lines if any(text in line for text in PER_STEP_LINES)]
-    assert f"model: {output_dir / 'hf' / f'step_{num_steps}'}" in terminal and f"step {num_steps}: val/" in terminal
-    logged = log_text(output_dir / "logs")
-    assert sum(logged.count(text) for text in PER_STEP_LINES) >= num_steps  # each step's lines, kept in the files
-    assert any((output_dir / "logs" / "ray").glob("worker-*.out"))  # every worker's raw output, through Ray's folder
 
 
 @pytest.mark.vllm
