@@ -20,6 +20,12 @@ source = rlactors
 parallel = true
 data_file = $out/.coverage
 patch = _exit
+
+[paths]
+# A job submitted with py_modules runs an uploaded copy of the package: count it as src/rlactors.
+source =
+    src/rlactors
+    */py_modules_files/*/rlactors
 EOF
 flush="$site/zz_rlactors_coverage_flush.pth"
 cat > "$flush" <<'EOF'
