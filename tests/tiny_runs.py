@@ -57,20 +57,20 @@ def computed(step: dict) -> dict:
 
 
 def record_scored_batches(monkeypatch) -> list:
-    """[(num_score_errors, groups)] of every trained batch, as `RewardPool.check_step` sees them in
-    the driver (observed, not changed)."""
+    """[(num_score_errors, groups)] of every trained batch, as the driver's `end_step` sees it
+    (through `rollout_metrics`, which it calls once per step; observed, not changed)."""
     import ray
 
-    from rlactors.reward.pool import RewardPool
+    from rlactors.pipelines import common
 
     batches = []
-    check_step = RewardPool.check_step
+    rollout_metrics = common.rollout_metrics
 
-    def recording(self, num_samples, num_score_errors, groups_ref):
-        batches.append((num_score_errors, ray.get(groups_ref)))
-        return check_step(self, num_samples, num_score_errors, groups_ref)
+    def recording(sampled, max_response_tokens):
+        batches.append((sampled.num_score_errors, ray.get(sampled.groups_ref)))
+        return rollout_metrics(sampled, max_response_tokens)
 
-    monkeypatch.setattr(RewardPool, "check_step", recording)
+    monkeypatch.setattr(common, "rollout_metrics", recording)
     return batches
 
 
