@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import uuid
@@ -64,6 +65,43 @@ def start_local_ray():
         ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
                  runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
     return ray
+
+
+@contextlib.contextmanager
+def another_ray(nodes: list[dict] | None = None, env: dict[str, str] | None = None, **init_kwargs):
+    """The body runs on a Ray of its own instead of the suite's: a simulated cluster (Ray's
+    `Cluster`, yielded) whose head takes the first of `nodes` and a node each the rest, else a local
+    one; `init_kwargs` go to `ray.init`, `env` is set while it runs. Afterwards, however the body
+    ends, that Ray is gone and the suite's local Ray runs again (later tests of the worker need it)."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    ray.shutdown()
+    saved = {name: os.environ.get(name) for name in env or {}}
+    os.environ.update(env or {})
+    cluster = None
+    try:
+        init_kwargs = {"log_to_driver": False, "runtime_env": {"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
+                       **init_kwargs}
+        if nodes:
+            cluster = Cluster(initialize_head=True, head_node_args=nodes[0])
+            for node in nodes[1:]:
+                cluster.add_node(**node)
+            ray.init(address=cluster.address, **init_kwargs)
+            cluster.wait_for_nodes()
+        else:
+            ray.init(address="local", num_cpus=4, include_dashboard=False, **init_kwargs)
+        yield cluster
+    finally:
+        ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
+        for name, value in saved.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
+        start_local_ray()
 
 
 @pytest.fixture(scope="session")

@@ -160,8 +160,7 @@ def test_the_only_engine_killed_twice_stops_the_run_naming_it(ray_session, tmp_p
 
 def test_a_node_removed_under_its_engine(ray_session, tiny_model_dir):
     import ray
-    from conftest import start_local_ray
-    from ray.cluster_utils import Cluster
+    from conftest import another_ray
 
     from rlactors.config import RolloutConfig, SamplingConfig
     from rlactors.models import load_tokenizer
@@ -169,13 +168,9 @@ def test_a_node_removed_under_its_engine(ray_session, tiny_model_dir):
     from rlactors.rollout.router import RolloutRouter
     from rlactors.types import PromptRequest
 
-    ray.shutdown()  # the suite's local Ray; restarted afterwards
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"kept": 1},
-                                                            "object_store_memory": 1 << 29})
-    doomed = cluster.add_node(num_cpus=2, resources={"doomed": 1}, object_store_memory=1 << 29)
-    try:
-        ray.init(address=cluster.address, log_to_driver=False)
-        cluster.wait_for_nodes()
+    nodes = [{"num_cpus": 2, "resources": {name: 1}, "object_store_memory": 1 << 29} for name in ("kept", "doomed")]
+    with another_ray(nodes) as cluster:
+        doomed = cluster.list_all_nodes()[1]
         before = leftover_processes()
         config = RolloutConfig(max_model_len=256, num_cpus_per_engine=1)
         router = RolloutRouter([create_engine(str(tiny_model_dir), config, resources={node: 0.5})
@@ -202,7 +197,3 @@ def test_a_node_removed_under_its_engine(ray_session, tiny_model_dir):
         for engine in router.engines:
             ray.kill(engine)
         assert_no_leftovers(before)
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-        start_local_ray()

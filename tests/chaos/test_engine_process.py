@@ -17,7 +17,7 @@ import psutil
 import pytest
 import ray
 from chaos_helpers import assert_each_prompt_once, assert_no_leftovers, checkpoint_ledger, leftover_processes
-from conftest import start_local_ray
+from conftest import another_ray
 from tiny_runs import tiny_config
 
 from rlactors.config import RolloutConfig, SamplingConfig
@@ -190,15 +190,8 @@ def ray_without_group_cleanup():
     """A local Ray whose raylet does not kill a dead worker's process group (on by default in
     the Ray installed here; absent from older ones, and gone with the raylet): what outlives a
     SIGKILLed engine actor is then what the engine itself lets outlive it."""
-    ray.shutdown()
-    os.environ["RAY_process_group_cleanup_enabled"] = "0"
-    try:
-        start_local_ray()
+    with another_ray(env={"RAY_process_group_cleanup_enabled": "0"}):
         yield ray
-    finally:
-        ray.shutdown()
-        del os.environ["RAY_process_group_cleanup_enabled"]
-        start_local_ray()
 
 
 @pytest.mark.slow  # the plugin's watch itself, without vLLM: tests/rollout/test_vllm_plugin.py

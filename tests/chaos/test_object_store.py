@@ -3,10 +3,12 @@ weight buckets, Groups, train batches and results all travel through it (`rlacto
 so the run lives on spilling to disk rather than on spare store memory. It must finish with
 every prompt accounted for and nothing left behind."""
 
+import json
+
 import pytest
 import ray
 from chaos_helpers import assert_each_prompt_once, assert_no_leftovers, checkpoint_ledger, leftover_processes
-from conftest import start_local_ray
+from conftest import another_ray
 from ray._private.ray_constants import OBJECT_STORE_MINIMUM_MEMORY_BYTES
 
 from rlactors.config import load_config
@@ -18,14 +20,10 @@ pytestmark = [pytest.mark.vllm, pytest.mark.chaos, pytest.mark.slow]
 
 @pytest.fixture
 def tiny_object_store(tmp_path):
-    ray.shutdown()  # the suite's local Ray; restarted afterwards
-    ray.init(address="local", num_cpus=4, object_store_memory=OBJECT_STORE_MINIMUM_MEMORY_BYTES,
-             include_dashboard=False, log_to_driver=False,
-             _system_config={"object_spilling_config": f'{{"type": "filesystem", "params": {{"directory_path": "{tmp_path / "spill"}"}}}}'},
-             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
-    yield ray
-    ray.shutdown()
-    start_local_ray()
+    spilling = {"type": "filesystem", "params": {"directory_path": str(tmp_path / "spill")}}
+    with another_ray(object_store_memory=OBJECT_STORE_MINIMUM_MEMORY_BYTES,
+                     _system_config={"object_spilling_config": json.dumps(spilling)}):
+        yield ray
 
 
 def test_a_run_on_the_smallest_object_store_finishes_and_accounts_for_every_prompt(tiny_object_store, tmp_path,

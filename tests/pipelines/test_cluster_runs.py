@@ -6,8 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-import ray
-from conftest import start_local_ray
+from conftest import another_ray
 
 from rlactors.config import load_config
 from rlactors.pipelines import run_pipeline
@@ -20,18 +19,8 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 @pytest.fixture(scope="module")
 def two_nodes():
     """Two nodes of 2 declared CPUs each (the head one of them), sharing this machine's filesystem."""
-    from ray.cluster_utils import Cluster
-
-    ray.shutdown()  # the suite's local Ray; restarted afterwards
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "object_store_memory": 1 << 30})
-    cluster.add_node(num_cpus=2, object_store_memory=1 << 30)
-    ray.init(address=cluster.address, log_to_driver=False,
-             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
-    cluster.wait_for_nodes()
-    yield cluster
-    ray.shutdown()
-    cluster.shutdown()
-    start_local_ray()
+    with another_ray([{"num_cpus": 2, "object_store_memory": 1 << 30}] * 2) as cluster:
+        yield cluster
 
 
 def quickstart(tiny_model_dir, output_dir: str, *overrides):

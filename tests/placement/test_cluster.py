@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import ray
-from conftest import start_local_ray
+from conftest import another_ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -44,22 +44,13 @@ Probe = ray.remote(ProbeImpl)
 @pytest.fixture(scope="module")
 def gpu_cluster():
     """A CPU-only head (as under `ray job submit`) and two nodes of 2 declared GPUs and 8 CPUs."""
-    from ray.cluster_utils import Cluster
-
-    ray.shutdown()  # the suite's local Ray; restarted afterwards
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
-    for _ in range(2):
-        cluster.add_node(num_cpus=8, num_gpus=GPUS_PER_NODE)
     # The probes' class lives in this test module (which imports conftest): both folders go on the
     # workers' path.
     here = Path(__file__).parent
-    ray.init(address=cluster.address, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(here), str(here.parent)])}})
-    cluster.wait_for_nodes()
-    yield cluster
-    ray.shutdown()
-    cluster.shutdown()
-    start_local_ray()
+    nodes = [{"num_cpus": 1, "num_gpus": 0}] + [{"num_cpus": 8, "num_gpus": GPUS_PER_NODE}] * 2
+    with another_ray(nodes, runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(here), str(here.parent)])}}) \
+            as cluster:
+        yield cluster
 
 
 def probe_plan(config) -> tuple[object, dict[str, dict]]:
