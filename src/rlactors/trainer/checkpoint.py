@@ -17,11 +17,12 @@ the root, so a reader (even after a power loss) sees either the old or the new c
 partial one, and `latest` always names a directory that exists. `prune(root, keep)` then deletes
 all but the newest `keep` committed checkpoints, never the one `latest` names.
 
-A trainer checkpoint itself (written by `TrainerWorker.save_checkpoint`) holds: model and optimizer
-state as torch.distributed.checkpoint (DCP) shards, and one `rank_<r>.pt` per rank with the LR
-scheduler, step counters and RNG states, read back by `load_plain` (tensors and plain Python
-values only: a file that would run code when unpickled is refused). Every rank must see the same
-filesystem path (one machine, or a shared filesystem).
+A trainer checkpoint itself (written by `TrainerWorker.save_checkpoint`, through
+`rlactors.trainer.rank_checkpoint`) holds: model and optimizer state as torch.distributed.checkpoint
+(DCP) shards, and one `rank_<r>.pt` per rank with the LR scheduler, step counters and RNG states,
+read back by `load_plain` (tensors and plain Python values only: a file that would run code when
+unpickled is refused). Every rank must see the same filesystem path (one machine, or a shared
+filesystem).
 """
 
 from __future__ import annotations

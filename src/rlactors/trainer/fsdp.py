@@ -1,5 +1,6 @@
 """Plain functions a trainer rank uses: process group, model loading and FSDP2 sharding, forward
-passes over micro-batches, the learning-rate schedule, and streaming full weights out.
+passes over micro-batches, the optimizer and its learning-rate schedule, and streaming full
+weights out.
 
 Device and backend are detected: CUDA/ROCm devices use NCCL (RCCL on ROCm answers to the same
 name) with bf16 compute and fp32 master weights and gradient reduction; CPU uses gloo in fp32.
@@ -19,6 +20,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from rlactors.config import OptimConfig
 from rlactors.trainer.batch import MicroBatch
 
 ROLES = ("actor", "reference", "critic")
@@ -128,6 +130,17 @@ def lr_multiplier(step: int, warmup_steps: int, total_steps: int, schedule: str,
         raise ValueError(f"lr schedule {schedule!r}: allowed values are 'constant', 'cosine'")
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
     return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def optimizer_and_schedule(model: torch.nn.Module, optim_config: OptimConfig
+                           ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over the model's parameters and its learning-rate schedule (`lr_multiplier`)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=optim_config.lr, betas=optim_config.betas,
+                                  eps=optim_config.eps, weight_decay=optim_config.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(
+        step, optim_config.warmup_steps, optim_config.total_steps, optim_config.lr_schedule,
+        optim_config.min_lr_ratio))
+    return optimizer, scheduler
 
 
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,6 @@
-"""The policy term of the actor's update: `algorithm.policy_loss` (or bypass mode's own loss) on one
-micro-batch, aggregated with the mini-batch's global counts.
+"""The actor's objective on one micro-batch (`actor_loss`): the policy term, `algorithm.policy_loss`
+(or bypass mode's own loss), plus the KL term and minus the entropy bonus, each aggregated with
+the mini-batch's global counts.
 
 Decoupled rollout correction arrives as the batch's `importance_weights` field (computed over the
 whole batch by the batch builder); bypass mode compares the current policy with the rollout's here,
@@ -8,12 +9,18 @@ micro-batch by micro-batch, as veRL's `compute_policy_loss_bypass_mode` does.
 
 from __future__ import annotations
 
+from collections.abc import Container
+
 import torch
 
 from rlactors.algorithms import (
     FIXED_LOSS_AGG_MODES,
     POLICY_LOSSES,
     aggregate_loss,
+    chunked_entropy_from_logits,
+    kl_penalty,
+    logprobs_from_logits,
+    masked_sum,
     parse_rejection,
     ppo_policy_loss,
     reinforce_policy_loss,
@@ -21,11 +28,52 @@ from rlactors.algorithms import (
     rollout_rejection_mask,
 )
 from rlactors.config import AlgorithmConfig, RolloutCorrectionConfig
+from rlactors.trainer.batch import IMPORTANCE_WEIGHTS, ROLLOUT_LOGPROBS, MicroBatch
 
 # Per-token metrics every policy loss returns (means over the call's mask).
 POLICY_METRICS = ("ppo_kl", "pg_clipfrac", "pg_clipfrac_lower")
 # Bypass mode's metrics (token means too), named as veRL's under `rollout_corr/`.
 BYPASS_METRICS = ("rollout_corr/rollout_is_mean", "rollout_corr/rollout_rs_masked_fraction")
+
+
+def actor_fields(algorithm: AlgorithmConfig, token_fields: Container[str], from_update: bool) -> list[str]:
+    """The batch's token fields `actor_loss` reads: `old_logprobs` unless bypass mode or
+    `from_update` stand others in for them; the advantages; the rollout logprobs in those two cases
+    (bypass mode's old logprobs, `from_update`'s gap to measure); the importance weights where the
+    batch has them (decoupled rollout correction); the reference logprobs where the KL term is on."""
+    bypass = algorithm.rollout_correction.bypass_mode
+    return ["old_logprobs"] * (not from_update and not bypass) + ["advantages"] + \
+        [ROLLOUT_LOGPROBS] * (from_update or bypass) + [IMPORTANCE_WEIGHTS] * (IMPORTANCE_WEIGHTS in token_fields) + \
+        ["ref_logprobs"] * algorithm.use_kl_loss
+
+
+def actor_loss(algorithm: AlgorithmConfig, logits: torch.Tensor, micro: MicroBatch, counts: dict, from_update: bool
+               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The micro-batch's share of the actor's mini-batch loss from its response `logits`, and its
+    metrics as `policy_loss`'s sums plus `kl_loss` and the token-weighted `entropy`.
+
+    `from_update`: the batch has no old logprobs; the update's own, detached, stand in for them,
+    and the gap to the rollout's is measured (`rollout_trainer_kl`, `rollout_logprob_abs_diff_max`).
+    The entropy's graph is kept only when its bonus trains."""
+    fields, mask = micro.fields, micro.mask
+    logp = logprobs_from_logits(logits, micro.labels)
+    old = logp.detach() if from_update else fields.get("old_logprobs")
+    loss, sums = policy_loss(algorithm, logp, old, fields.get(ROLLOUT_LOGPROBS), fields["advantages"], mask,
+                             fields.get(IMPORTANCE_WEIGHTS), counts)
+    if from_update:
+        gap = (fields[ROLLOUT_LOGPROBS] - old) * mask
+        sums |= {"rollout_trainer_kl": gap.sum(), "rollout_logprob_abs_diff_max": gap.abs().max()}
+    if algorithm.use_kl_loss:
+        kl = aggregate_loss(kl_penalty(logp, fields["ref_logprobs"], algorithm.kl_loss_type), mask,
+                            algorithm.loss_agg_mode, **counts)
+        loss = loss + algorithm.kl_loss_coef * kl
+        sums["kl_loss"] = kl
+    with torch.set_grad_enabled(algorithm.entropy_coef != 0 and torch.is_grad_enabled()):
+        entropy = chunked_entropy_from_logits(logits)
+        if algorithm.entropy_coef != 0:
+            loss = loss - algorithm.entropy_coef * aggregate_loss(entropy, mask, algorithm.loss_agg_mode, **counts)
+    sums["entropy"] = masked_sum(entropy.detach(), mask)
+    return loss, sums
 
 
 def loss_parameters(algorithm: AlgorithmConfig) -> tuple:

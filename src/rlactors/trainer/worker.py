@@ -11,8 +11,9 @@ Loss normalisation: every micro-batch loss is that micro-batch's share of the mi
 (global counts from the plan), so the shares of all micro-batches of all ranks sum to the loss of
 the whole mini-batch. FSDP averages gradients over ranks, hence the `* world_size` before backward.
 
-Checkpoint (`save_checkpoint`): model and optimizer state (DCP shards), LR scheduler, optimizer
-step and skipped-step counters, and RNG states, per rank. `load_checkpoint` restores all of it.
+Checkpoint (`save_checkpoint`, `trainer.rank_checkpoint`): model and optimizer state (DCP shards),
+LR scheduler, optimizer step and skipped-step counters, and RNG states, per rank. `load_checkpoint`
+restores all of it.
 
 Offload (colocated, `trainer.offload`): `offload()` moves parameters and optimizer state to host
 memory while the engines generate, `onload()` brings them back; forward and update passes raise
@@ -30,40 +31,20 @@ from collections import defaultdict
 import ray
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (
-    get_model_state_dict,
-    get_state_dict,
-    set_state_dict,
-)
 
 from rlactors.algorithms import (
     aggregate_loss,
     chunked_entropy_from_logits,
-    kl_penalty,
     logprobs_from_logits,
-    masked_sum,
     sft_loss,
     value_loss,
 )
 from rlactors.config import AlgorithmConfig, TrainerConfig
 from rlactors.runtime.phases import PhaseLog, memory_figures
-from rlactors.trainer import checkpoint, fsdp, offload
-from rlactors.trainer.batch import (
-    IMPORTANCE_WEIGHTS,
-    ROLLOUT_LOGPROBS,
-    MicroBatch,
-    TrainBatch,
-    build_micro_batch,
-    unpad_rows,
-)
+from rlactors.trainer import checkpoint, fsdp, offload, policy_objective, rank_checkpoint, step_metrics
+from rlactors.trainer.batch import MicroBatch, TrainBatch, build_micro_batch, unpad_rows
 from rlactors.trainer.offload import resident
 from rlactors.trainer.plan import MiniBatchPlan
-from rlactors.trainer.policy_objective import BYPASS_METRICS, POLICY_METRICS, policy_loss
-
-# Metrics that are token means: ranks return token-weighted sums, divided by the mini-batch's tokens.
-TOKEN_MEAN_METRICS = frozenset({*POLICY_METRICS, *BYPASS_METRICS, "entropy", "vf_clipfrac", "rollout_trainer_kl"})
-MAX_METRICS = frozenset({"rollout_logprob_abs_diff_max"})  # maxima over micro-batches and ranks
 
 
 class TrainerWorker:
@@ -73,10 +54,21 @@ class TrainerWorker:
     def __init__(self, rank: int, world_size: int, num_cpus: float = 1.0):
         torch.set_num_threads(max(1, int(num_cpus)))
         self.rank, self.world_size = rank, world_size
-        self.num_optimizer_steps = 0
-        self.num_skipped_steps = 0
+        self._reset_run()
+
+    def _reset_run(self, role: str | None = None, model_path: str | None = None, trainer: TrainerConfig | None = None,
+                   algorithm: AlgorithmConfig | None = None, norm_tokens: int | None = None) -> None:
+        """Every field a run owns, in one place: the run's arguments, and the rest empty until
+        `start_run` loads the model. The process's own fields (rank and world size, `setup`'s mesh
+        and device) outlive runs and are not among them."""
+        self.role, self.model_path, self.trainer, self.algorithm = role, model_path, trainer, algorithm
+        self.norm_tokens = norm_tokens
+        # The model and what trains it; None first, so the last run's memory goes before the next loads.
+        self.model = self.optimizer = self.scheduler = self.optim_config = None
+        self.architecture, self.pad_token_id, self.vocab_size = None, 0, 0  # of the model, read as it loads
+        self.num_optimizer_steps = self.num_skipped_steps = 0  # saved in checkpoints
         self.offloaded = False  # parameters and optimizer state in host memory (colocated, between steps)
-        self.weight_sender = None  # this rank's side of weight syncs, made at the first
+        self.weight_sender = None  # this rank's side of weight syncs, made at the first `send_weights`
         self.phases = PhaseLog()
 
     def master_address(self) -> tuple[str, int]:
@@ -106,13 +98,7 @@ class TrainerWorker:
         new one would be; only its process, process group and thread pinning stay."""
         if self.weight_sender is not None:  # tied to the engines' transfer of the run before
             self.weight_sender.shutdown()
-        self.weight_sender = None
-        self.model = self.optimizer = self.scheduler = None  # the last run's memory, before the new model's
-        self.num_optimizer_steps = self.num_skipped_steps = 0
-        self.offloaded = False
-        self.phases = PhaseLog()
-        self.role, self.model_path, self.trainer, self.algorithm = role, model_path, trainer, algorithm
-        self.norm_tokens = norm_tokens
+        self._reset_run(role, model_path, trainer, algorithm, norm_tokens)
         model = fsdp.load_role_model(model_path, role, seed)
         self.architecture = type(model).__name__  # before FSDP2 renames the class
         self.pad_token_id = model.config.pad_token_id or 0
@@ -122,12 +108,8 @@ class TrainerWorker:
         self.model = fsdp.shard_model(model, self.mesh, trainable and trainer.gradient_checkpointing)
         self.model.train(trainable)
         if trainable:
-            optim = trainer.critic_optim if role == "critic" else trainer.optim
-            self.optim_config = optim
-            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps,
-                                               weight_decay=optim.weight_decay)
-            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: fsdp.lr_multiplier(
-                step, optim.warmup_steps, optim.total_steps, optim.lr_schedule, optim.min_lr_ratio))
+            self.optim_config = trainer.critic_optim if role == "critic" else trainer.optim
+            self.optimizer, self.scheduler = fsdp.optimizer_and_schedule(self.model, self.optim_config)
         torch.manual_seed(seed + self.rank)  # per-rank streams for anything random in training (saved in checkpoints)
         random.seed(seed + self.rank)
         return {"rank": self.rank, "pid": os.getpid(), "device": str(self.device), "num_parameters": sum(
@@ -188,54 +170,31 @@ class TrainerWorker:
         allowed. The update then also measures the rollout/trainer gap the old-logprob pass would
         have (`rollout_trainer_kl`, `rollout_logprob_abs_diff_max`). In bypass mode
         (`algorithm.rollout_correction`) the rollout logprobs are the old ones, whatever the
-        mini-batches and epochs; the policy term is `policy_objective.policy_loss`."""
+        mini-batches and epochs. The loss is `policy_objective.actor_loss`."""
         self._start("update_policy", ("actor",))
-        algo = self.algorithm
-        bypass = algo.rollout_correction.bypass_mode  # the rollout logprobs are the old ones
+        algorithm = self.algorithm
+        bypass = algorithm.rollout_correction.bypass_mode  # the rollout logprobs are the old ones
         from_update = "old_logprobs" not in batch.token_fields and not bypass
         if from_update and (len(plans) != 1 or self.trainer.num_epochs != 1):
             raise ValueError(f"a batch without old_logprobs needs one mini-batch and one epoch (it has {len(plans)} "
                              f"mini-batches, trainer.num_epochs={self.trainer.num_epochs}): compute them first")
-        weighted = IMPORTANCE_WEIGHTS in batch.token_fields  # decoupled rollout correction
-        fields = ["old_logprobs"] * (not from_update and not bypass) + ["advantages"] + \
-            [ROLLOUT_LOGPROBS] * (from_update or bypass) + [IMPORTANCE_WEIGHTS] * weighted + \
-            ["ref_logprobs"] * algo.use_kl_loss
+        fields = policy_objective.actor_fields(algorithm, batch.token_fields, from_update)
 
         def loss_fn(micro: MicroBatch, plan: MiniBatchPlan) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-            f, mask = micro.fields, micro.mask
-            counts = self._counts(plan)
             logits = fsdp.response_logits(self.model, micro, temperature)
-            logp = logprobs_from_logits(logits, micro.labels)
-            old = logp.detach() if from_update else f.get("old_logprobs")
-            pg_loss, sums = policy_loss(algo, logp, old, f.get(ROLLOUT_LOGPROBS), f["advantages"], mask,
-                                        f.get(IMPORTANCE_WEIGHTS), counts)
-            loss = pg_loss
-            if from_update:
-                gap = (f[ROLLOUT_LOGPROBS] - old) * mask
-                sums |= {"rollout_trainer_kl": gap.sum(), "rollout_logprob_abs_diff_max": gap.abs().max()}
-            if algo.use_kl_loss:
-                kl = aggregate_loss(kl_penalty(logp, f["ref_logprobs"], algo.kl_loss_type), mask,
-                                    algo.loss_agg_mode, **counts)
-                loss = loss + algo.kl_loss_coef * kl
-                sums["kl_loss"] = kl
-            with torch.set_grad_enabled(algo.entropy_coef != 0 and torch.is_grad_enabled()):
-                entropy = chunked_entropy_from_logits(logits)
-                if algo.entropy_coef != 0:
-                    loss = loss - algo.entropy_coef * aggregate_loss(entropy, mask, algo.loss_agg_mode, **counts)
-            sums["entropy"] = masked_sum(entropy.detach(), mask)
-            return loss, sums
+            return policy_objective.actor_loss(algorithm, logits, micro, self._counts(plan), from_update)
 
         return self._train(batch, plans, fields, loss_fn, "actor", self.trainer.num_epochs)
 
     def update_critic(self, batch: TrainBatch, plans: list[MiniBatchPlan]) -> dict[str, float]:
         self._start("update_critic", ("critic",))
-        algo = self.algorithm
+        algorithm = self.algorithm
 
         def loss_fn(micro: MicroBatch, plan: MiniBatchPlan) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             values = fsdp.response_values(self.model, micro)
             per_token, stats = value_loss(values, micro.fields["values"], micro.fields["returns"], micro.mask,
-                                          algo.value_clip)
-            loss = aggregate_loss(per_token, micro.mask, algo.loss_agg_mode, **self._counts(plan))
+                                          algorithm.value_clip)
+            loss = aggregate_loss(per_token, micro.mask, algorithm.loss_agg_mode, **self._counts(plan))
             return loss, {"vf_loss": loss, "vf_clipfrac": stats["vf_clipfrac"] * micro.mask.sum()}
 
         return self._train(batch, plans, ["values", "returns"], loss_fn, "critic", self.trainer.num_epochs)
@@ -257,16 +216,13 @@ class TrainerWorker:
                     norm_tokens=self.norm_tokens)
 
     def _train(self, batch, plans, fields, loss_fn, prefix: str, num_epochs: int) -> dict[str, float]:
-        """Run optimizer steps, one per mini-batch per epoch; all-reduce and average the metrics.
-
-        Metrics named in `TOKEN_MEAN_METRICS` arrive as token-weighted sums and are divided by the
-        mini-batch's token count; the others (loss shares) are summed over micro-batches and ranks.
-        """
+        """Run optimizer steps, one per mini-batch per epoch; the metrics (`step_metrics`) are
+        all-reduced per step and averaged over the steps."""
         totals: dict[str, float] = defaultdict(float)
         num_steps = 0
         for _ in range(num_epochs):
             for plan in plans:
-                sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=self.device))
+                sums = step_metrics.new_sums(self.device)
                 micro_batches = plan.micro_batches[0]
                 for k, indices in enumerate(micro_batches):
                     # One rank: accumulate unsharded gradients and reduce once per step (sharding
@@ -276,22 +232,9 @@ class TrainerWorker:
                     micro = self._micro_batch(batch, indices, tuple(fields))
                     loss, micro_sums = loss_fn(micro, plan)
                     (loss * self.world_size).backward()
-                    for key, value in micro_sums.items():
-                        value = value.detach().float()
-                        sums[key] = torch.maximum(sums[key], value) if key in MAX_METRICS else sums[key] + value
-                keys = sorted(set(sums) - MAX_METRICS)
-                reduced = torch.stack([sums[k] for k in keys])
-                dist.all_reduce(reduced)
-                step = dict(zip(keys, reduced.tolist(), strict=True))
-                maxima = sorted(MAX_METRICS.intersection(sums))
-                if maxima:  # every rank has the same keys: the same loss on the same fields
-                    peaks = torch.stack([sums[k] for k in maxima])
-                    dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
-                    step |= dict(zip(maxima, peaks.tolist(), strict=True))
-                for key in TOKEN_MEAN_METRICS.intersection(step):
-                    step[key] /= max(plan.num_tokens, 1)
-                loss_total = sum(step[k] for k in keys if k.endswith("_loss"))
-                step.update(self._optimizer_step(finite=math.isfinite(loss_total)))
+                    step_metrics.accumulate(sums, micro_sums)
+                step = step_metrics.reduce_over_ranks(sums, plan.num_tokens)
+                step.update(self._optimizer_step(finite=math.isfinite(step_metrics.total_loss(step))))
                 for key, value in step.items():
                     totals[key] += value
                 num_steps += 1
@@ -405,55 +348,19 @@ class TrainerWorker:
 
     @resident
     def save_checkpoint(self, root: str, step: int) -> str:
-        """Write checkpoint `step` under `root` atomically (see `checkpoint`); returns its path."""
-        if self.rank == 0:
-            checkpoint.prepare_temp_dir(root, step)
-        dist.barrier()
-        temp = checkpoint.temp_dir(root, step)
-        dcp.save(self._dcp_state(), checkpoint_id=str(temp))
-        torch.save(self._rank_state(step), temp / f"rank_{self.rank}.pt")
-        dist.barrier()
-        if self.rank == 0:
-            checkpoint.commit(root, step)
-        dist.barrier()
-        return str(checkpoint.latest_checkpoint(root))  # `step_N`, or `step_N.<revision>` for a re-saved step
+        """Write checkpoint `step` under `root` atomically (see `checkpoint` and `rank_checkpoint`);
+        returns its path: `step_N`, or `step_N.<revision>` for a re-saved step."""
+        state = rank_checkpoint.rank_state(step, self.role, self.num_optimizer_steps, self.num_skipped_steps,
+                                           self.scheduler)
+        return str(rank_checkpoint.save(root, step, self.rank, self.model, self.optimizer, state))
 
     @resident
     def load_checkpoint(self, path: str) -> int:
         """Restore a checkpoint (a directory, or a root whose `latest` names one); returns its step."""
-        path = checkpoint.resolve_checkpoint(path)
-        state = self._dcp_state()
-        dcp.load(state, checkpoint_id=str(path))
-        if self.optimizer is not None:
-            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                           optim_state_dict=state["optimizer"])
-        else:
-            set_state_dict(self.model, [], model_state_dict=state["model"], optim_state_dict={})
-        extra = checkpoint.load_plain(path / f"rank_{self.rank}.pt")  # refuses a file that would run code
-        self.num_optimizer_steps, self.num_skipped_steps = extra["num_optimizer_steps"], extra["num_skipped_steps"]
-        if self.scheduler is not None:
-            self.scheduler.load_state_dict(extra["scheduler"])
-        torch.set_rng_state(extra["rng"]["torch"])
-        random.setstate(extra["rng"]["python"])
-        if extra["rng"]["cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state(extra["rng"]["cuda"])
-        dist.barrier()
-        return extra["step"]
-
-    def _dcp_state(self) -> dict:
-        if self.optimizer is None:
-            return {"model": get_model_state_dict(self.model)}
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        return {"model": model_state, "optimizer": optim_state}
-
-    def _rank_state(self, step: int) -> dict:
-        return {
-            "step": step, "role": self.role,
-            "num_optimizer_steps": self.num_optimizer_steps, "num_skipped_steps": self.num_skipped_steps,
-            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
-                    "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None},
-        }
+        saved = rank_checkpoint.load(checkpoint.resolve_checkpoint(path), self.rank, self.model, self.optimizer,
+                                     self.scheduler)
+        self.num_optimizer_steps, self.num_skipped_steps = saved["num_optimizer_steps"], saved["num_skipped_steps"]
+        return saved["step"]
 
     def shutdown(self) -> None:
         if self.weight_sender is not None:
