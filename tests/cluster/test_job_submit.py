@@ -35,6 +35,10 @@ PYTHON = sys.executable
 HEAD_START_TIMEOUT_S = 120
 JOB_TIMEOUT_S = 600
 STOP_TIMEOUT_S = 30
+# SIGTERM ends the job's processes; the head's own (gcs_server, raylet, the monitor, the runtime-env
+# agent, `ray start --block` itself) were still there after 30 s each time: what is left after this
+# grace gets SIGKILL.
+TERM_GRACE_S = 5
 NUM_CPUS = 4
 
 
@@ -122,8 +126,8 @@ class LocalHead:
             time.sleep(1)
 
     def stop(self) -> None:
-        """Stop every process this head started: SIGTERM, SIGKILL what is left after STOP_TIMEOUT_S,
-        then check that none is left.
+        """Stop every process this head started: SIGTERM, SIGKILL what is left after TERM_GRACE_S,
+        then check that none is left within STOP_TIMEOUT_S.
 
         Ray gives each worker a process group of its own, so the head's group alone misses them:
         the members are the head, its descendants and any process naming the temp dir."""
@@ -135,7 +139,7 @@ class LocalHead:
             pass
         members = list({process.pid: process for process in members}.values())
         send(members, signal.SIGTERM)
-        _, alive = psutil.wait_procs(members, timeout=STOP_TIMEOUT_S)
+        _, alive = psutil.wait_procs(members, timeout=TERM_GRACE_S)
         # Whatever ignored SIGTERM, and whatever started while the rest stopped.
         send(alive + processes_referencing(self.temp_dir), signal.SIGKILL)
         self.process.wait(timeout=STOP_TIMEOUT_S)
