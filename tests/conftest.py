@@ -55,15 +55,19 @@ def reference(tiny_model_dir):
     return load_model(tiny_model_dir).eval(), load_tokenizer(tiny_model_dir)
 
 
-def start_local_ray():
-    """The suite's local Ray: 4 CPUs declared (what the pipelines' plans need), no dashboard."""
+# What every Ray the suite starts gets (the suite's, and a test's own through `another_ray`).
+RAY_INIT_DEFAULTS = {"log_to_driver": False, "runtime_env": {"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}}
+
+
+def start_local_ray(**init_kwargs):
+    """The suite's local Ray: 4 CPUs declared (what the pipelines' plans need), no dashboard;
+    `init_kwargs` add to or replace those settings (`another_ray`)."""
     import ray
 
     if not ray.is_initialized():
         # address="local": a new instance even while another Ray runs on this machine (a `ray start`
         # head, e.g. the job-submission test's), which a bare ray.init() would join.
-        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+        ray.init(**{"address": "local", "num_cpus": 4, "include_dashboard": False, **RAY_INIT_DEFAULTS, **init_kwargs})
     return ray
 
 
@@ -81,16 +85,14 @@ def another_ray(nodes: list[dict] | None = None, env: dict[str, str] | None = No
     os.environ.update(env or {})
     cluster = None
     try:
-        init_kwargs = {"log_to_driver": False, "runtime_env": {"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
-                       **init_kwargs}
         if nodes:
             cluster = Cluster(initialize_head=True, head_node_args=nodes[0])
             for node in nodes[1:]:
                 cluster.add_node(**node)
-            ray.init(address=cluster.address, **init_kwargs)
+            ray.init(**{"address": cluster.address, **RAY_INIT_DEFAULTS, **init_kwargs})
             cluster.wait_for_nodes()
         else:
-            ray.init(address="local", num_cpus=4, include_dashboard=False, **init_kwargs)
+            start_local_ray(**init_kwargs)
         yield cluster
     finally:
         ray.shutdown()
