@@ -5,6 +5,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from rlactors.algorithms import masked_mean, masked_sum, masked_var, masked_whiten
+from rlactors.algorithms.masked import masked_fraction, masked_max, masked_min, on_tokens, zero_padding
 
 X = torch.tensor([[1.0, 2.0, float("inf")], [4.0, float("nan"), -float("inf")]])
 M = torch.tensor([[1, 1, 0], [1, 0, 0]])
@@ -22,6 +23,25 @@ def test_masked_mean_and_sum_ignore_what_padding_holds():
 def test_masked_mean_with_bool_and_float_masks_agree():
     for mask in (M.bool(), M.float(), M.to(torch.int64)):
         assert math.isclose(masked_mean(X, mask).item(), 7.0 / 3.0, rel_tol=1e-6)
+
+
+def test_masked_max_min_and_fraction_ignore_what_padding_holds():
+    assert masked_max(X, M).item() == 4.0 and masked_min(X, M).item() == 1.0
+    assert masked_max(X, M, dim=-1).tolist() == [2.0, 4.0]
+    assert masked_min(X, M.bool(), dim=-1).tolist() == [1.0, 4.0]
+    empty_row = torch.tensor([[1, 0, 0], [0, 0, 0]])
+    assert masked_max(X, empty_row, dim=-1).tolist() == [1.0, -math.inf]  # nothing selected
+    fraction = masked_fraction(X > 1.5, M, torch.float64)
+    assert fraction.dtype == torch.float64 and math.isclose(fraction.item(), 2.0 / 3.0, rel_tol=1e-6)
+
+
+def test_on_tokens_zeroes_padding_and_keeps_its_gradient_finite():
+    logp = torch.tensor([[-1.0, -2.0, -math.inf]], requires_grad=True)
+    valid = torch.tensor([[True, True, False]])
+    (cleaned,) = zero_padding(valid, logp)
+    assert cleaned.tolist() == [[-1.0, -2.0, 0.0]] and torch.equal(on_tokens(logp, valid), cleaned)
+    torch.exp(cleaned).sum().backward()
+    assert torch.isfinite(logp.grad).all() and logp.grad[0, 2].item() == 0.0
 
 
 def test_masked_var_is_unbiased():

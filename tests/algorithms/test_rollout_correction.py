@@ -4,12 +4,14 @@ import pytest
 import torch
 
 from rlactors.algorithms.rollout_correction import (
-    REJECTION_OPTIONS,
     off_policy_metrics,
-    parse_is_threshold,
-    parse_rejection,
     rollout_importance_weights,
     rollout_rejection_mask,
+)
+from rlactors.algorithms.rollout_correction_options import (
+    REJECTION_OPTIONS,
+    parse_is_threshold,
+    parse_rejection,
 )
 
 LN2 = math.log(2.0)

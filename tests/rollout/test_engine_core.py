@@ -1,10 +1,13 @@
-"""engine_core's process bookkeeping, on real child processes (no vLLM needed)."""
+"""engine_core's process bookkeeping, on real child processes, and its calls into vLLM, on a stand-in
+(no vLLM needed)."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import psutil
 import pytest
@@ -51,3 +54,24 @@ def test_vllm_processes_reuses_its_listing_while_every_process_runs_and_lists_ag
     finally:
         first.kill()
         first.wait()
+
+
+def test_vllm_calls_stop_vllm_only_once_no_call_awaits_an_answer_and_continue_it_at_the_next(monkeypatch):
+    events = []
+    monkeypatch.setattr(engine_core, "Suspension", lambda: SimpleNamespace(suspend=lambda: events.append("stop"),
+                                                                          resume=lambda: events.append("continue")))
+    calls = engine_core.VllmCalls(SimpleNamespace(errored=False), "cpu", error_file="")
+
+    async def scenario():
+        answer = asyncio.get_running_loop().create_future()
+        waiting = asyncio.create_task(calls("weight_checksums", answer))
+        await asyncio.sleep(0)
+        calls.suspend_when_idle()  # as a sleep does, with that call still awaiting its answer
+        assert events == ["continue"]
+        answer.set_result("checksums")
+        assert await waiting == "checksums"
+        assert events == ["continue", "stop"]  # once its answer came
+        assert await calls("wake_up", asyncio.sleep(0, "awake")) == "awake"
+
+    asyncio.run(scenario())
+    assert events == ["continue", "stop", "continue"]  # the next call took the stop back for good

@@ -88,7 +88,6 @@ from rlactors.algorithms.losses import (
     LOSS_AGG_MODES,
     aggregate_loss,
     num_nonempty_sequences,
-    ppo_policy_loss,
     sft_loss,
     value_loss,
 )
@@ -104,17 +103,20 @@ from rlactors.algorithms.policy_losses import (
     gpg_policy_loss,
     gspo_policy_loss,
     kl_cov_policy_loss,
+    ppo_policy_loss,
     reinforce_policy_loss,
     sapo_policy_loss,
 )
 from rlactors.algorithms.rollout_correction import (
-    IS_LEVELS,
-    REJECTION_OPTIONS,
     off_policy_metrics,
-    parse_is_threshold,
-    parse_rejection,
     rollout_importance_weights,
     rollout_rejection_mask,
+)
+from rlactors.algorithms.rollout_correction_options import (
+    IS_LEVELS,
+    REJECTION_OPTIONS,
+    parse_is_threshold,
+    parse_rejection,
 )
 
 __all__ = [

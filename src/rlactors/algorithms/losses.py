@@ -1,9 +1,9 @@
-"""Per-token losses (policy, value, SFT) and their aggregation into a scalar.
+"""Loss aggregation into a scalar, and the value and SFT losses.
 
-Loss functions return a [batch, response_len] per-token loss matrix plus detached metrics; one
-function, `aggregate_loss`, turns any such matrix into the scalar to backpropagate. Keeping the two
-apart lets the trainer add terms (policy, KL, entropy) per token or per aggregate with one set of
-global counts.
+Loss functions (these, and every policy loss in `policy_losses`) return a [batch, response_len]
+per-token loss matrix plus detached metrics; one function, `aggregate_loss`, turns any such matrix
+into the scalar to backpropagate. Keeping the two apart lets the trainer add terms (policy, KL,
+entropy) per token or per aggregate with one set of global counts.
 
 How to make the loss independent of the micro-batch split and of the number of ranks
 ------------------------------------------------------------------------------------
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from rlactors.algorithms.masked import LOG_RATIO_CLAMP, MEAN_EPS, masked_mean, masked_sum
+from rlactors.algorithms.masked import MEAN_EPS, masked_mean, masked_sum
 
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
@@ -89,48 +89,6 @@ def aggregate_loss(
     if norm_tokens is None or norm_tokens <= 0:
         raise ValueError(f"mode 'seq-mean-token-sum-norm' needs a positive constant norm_tokens, got {norm_tokens!r}")
     return token_sums.sum() / norm_tokens / num_sequences
-
-
-def ppo_policy_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.2,
-    clip_ratio_c: float = 3.0,
-    importance_weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO clipped surrogate with clip-higher and dual clip (veRL's `compute_policy_loss_vanilla`).
-
-    `ratio = exp(clamp(logp - old_logp, -20, 20))`,
-    `L = max(-A * ratio, -A * clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high))`, and where
-    `A < 0`, `L = min(-A * clip_ratio_c, L)`. `importance_weights` (e.g. from
-    `rollout_importance_weights`) multiply the per-token loss and are detached.
-
-    Returns the per-token loss [batch, response_len] (aggregate it with `aggregate_loss`) and detached
-    metrics over this call's mask: `pg_clipfrac` (clipped by the ratio clip), `pg_clipfrac_lower`
-    (clipped by the dual clip), `ppo_kl` (masked mean of `old_logp - logp`, clamped as the ratio).
-    """
-    if clip_ratio_c <= 1.0:
-        raise ValueError(f"dual-clip bound clip_ratio_c must be > 1, got {clip_ratio_c}")
-    log_ratio = torch.clamp(logp - old_logp, min=-LOG_RATIO_CLAMP, max=LOG_RATIO_CLAMP)
-    ratio = torch.exp(log_ratio)
-    unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
-    ratio_clipped = torch.maximum(unclipped, clipped)
-    dual_bound = -advantages * clip_ratio_c
-    negative = advantages < 0
-    per_token = torch.where(negative, torch.minimum(dual_bound, ratio_clipped), ratio_clipped)
-    if importance_weights is not None:
-        per_token = per_token * importance_weights.detach()
-    with torch.no_grad():
-        metrics = {
-            "pg_clipfrac": masked_mean((clipped > unclipped).to(logp.dtype), mask),
-            "pg_clipfrac_lower": masked_mean(((ratio_clipped > dual_bound) & negative).to(logp.dtype), mask),
-            "ppo_kl": masked_mean(-log_ratio, mask),
-        }
-    return per_token, metrics
 
 
 def value_loss(

@@ -1,12 +1,15 @@
-"""Masked reductions over response tokens.
+"""Masked reductions and selections over response tokens.
 
 A mask is a [batch, response_len] tensor (bool, int or float) that is 1 on response tokens and 0 on
-padding. Padded positions may hold anything, even inf or NaN (a pad token's logprob can be -inf):
-every reduction here selects with `torch.where` before multiplying, so they never leak into results.
+padding; `valid` is the bool form, `mask != 0`. Padded positions may hold anything, even inf or NaN
+(a pad token's logprob can be -inf): every reduction and selection here selects with `torch.where`
+before any arithmetic, so they never leak into results (`masked_whiten` transforms padding too).
 Results keep the dtype of `x`.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -33,6 +36,34 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
     mask = mask.to(x.dtype)
     count = mask.sum() if dim is None else mask.sum(dim=dim)
     return masked_sum(x, mask, dim) / (count + MEAN_EPS)
+
+
+def masked_fraction(condition: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The fraction of response tokens where the bool `condition` holds, in `dtype` (0 for an empty mask)."""
+    return masked_mean(condition.to(dtype), mask)
+
+
+def masked_max(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Maximum of the selected elements of `x` (over all, or along `dim`); -inf where none is selected."""
+    selected = torch.where(mask != 0, x, torch.full_like(x, -math.inf))
+    return selected.max() if dim is None else selected.max(dim=dim).values
+
+
+def masked_min(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Minimum of the selected elements of `x` (over all, or along `dim`); inf where none is selected."""
+    selected = torch.where(mask != 0, x, torch.full_like(x, math.inf))
+    return selected.min() if dim is None else selected.min(dim=dim).values
+
+
+def on_tokens(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """`x` on response tokens and 0 on padding (`valid` is bool): selected, not multiplied, so -inf
+    or NaN on padding reaches neither the result nor the gradient."""
+    return torch.where(valid, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def zero_padding(valid: torch.Tensor, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    """Each of `tensors` with 0 on padding (`on_tokens`), so that arithmetic on them stays finite."""
+    return [on_tokens(tensor, valid) for tensor in tensors]
 
 
 def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:

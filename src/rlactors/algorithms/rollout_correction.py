@@ -6,7 +6,8 @@ The maths of veRL's `verl/trainer/ppo/rollout_corr_helper.py` (0.9.1, with IcePo
 bypass mode, where veRL passes `log_prob` as `old_log_prob` to these functions. Everything works on
 the log ratio `log r = old_logp - rollout_logp`, which is 0 on padding here (padding may hold -inf).
 
-Common to the three functions:
+The options (levels, rejection options, veRL's string forms of the thresholds) are parsed and
+checked in `rollout_correction_options`. Common to the three functions here:
   - inputs are detached; statistics are computed in float32 or wider, weights returned in the dtype
     of `old_logp`, masks in the dtype of `mask`;
   - metrics are detached 0-dim tensors keyed with veRL's names, without the `rollout_corr/` prefix;
@@ -25,24 +26,13 @@ from collections.abc import Sequence
 
 import torch
 
-from rlactors.algorithms.masked import LOG_RATIO_CLAMP, masked_mean, masked_sum
-
-IS_LEVELS = ("token", "sequence")
-REJECTION_OPTIONS = (
-    "token_k1",
-    "token_k2",
-    "token_k3",
-    "seq_sum_k1",
-    "seq_sum_k2",
-    "seq_sum_k3",
-    "seq_mean_k1",
-    "seq_mean_k2",
-    "seq_mean_k3",
-    "seq_max_k2",
-    "seq_max_k3",
+from rlactors.algorithms.masked import LOG_RATIO_CLAMP, masked_max, masked_mean, masked_min, masked_sum
+from rlactors.algorithms.rollout_correction_options import (
+    IS_LEVELS,
+    Threshold,
+    check_importance_thresholds,
+    rejection_bounds,
 )
-
-Threshold = float | tuple[float, float]
 
 
 def _prepare(
@@ -64,15 +54,8 @@ def _prepare(
     return old, rollout, old - rollout, valid
 
 
-def _masked_max(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    return torch.where(valid, x, torch.full_like(x, -math.inf)).max()
-
-
-def _masked_min(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    return torch.where(valid, x, torch.full_like(x, math.inf)).min()
-
-
 def _fraction(condition: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The fraction of all elements (not only response tokens) where `condition` holds."""
     return condition.to(dtype).mean()
 
 
@@ -88,34 +71,6 @@ def _std_of_clamped(x: torch.Tensor, valid: torch.Tensor, low: float, high: floa
 def _std(x: torch.Tensor) -> torch.Tensor:
     """Unbiased std of a 1-d tensor, 0 for fewer than two values (veRL's guard against NaN)."""
     return x.std() if x.numel() > 1 else torch.zeros((), dtype=x.dtype, device=x.device)
-
-
-def parse_is_threshold(spec: str | float) -> tuple[float, float | None]:
-    """veRL's `rollout_is_threshold` spec -> `(threshold, threshold_lower)`.
-
-    A number or a number-like string is a TIS cap (lower None); `"lower_upper"` (e.g. `"0.5_2.0"`)
-    selects IcePop. veRL's `_parse_rollout_is_threshold`; bounds must be positive, lower <= upper.
-    """
-    if isinstance(spec, bool) or not isinstance(spec, int | float | str):
-        raise TypeError(f"rollout_is_threshold must be a number or a string, got {spec!r}")
-    lower: float | None = None
-    try:
-        if isinstance(spec, str) and "_" in spec:
-            lower_text, upper_text = spec.strip().split("_", 1)
-            lower, upper = float(lower_text), float(upper_text)
-        else:
-            upper = float(spec)
-    except ValueError as exc:
-        raise ValueError(f"invalid rollout_is_threshold {spec!r}") from exc
-    _check_is_bounds(upper, lower)
-    return upper, lower
-
-
-def _check_is_bounds(threshold: float, threshold_lower: float | None) -> None:
-    if threshold <= 0:
-        raise ValueError(f"importance weight threshold must be positive, got {threshold}")
-    if threshold_lower is not None and not 0 < threshold_lower <= threshold:
-        raise ValueError(f"IcePop lower bound must be in (0, {threshold}], got {threshold_lower}")
 
 
 def rollout_importance_weights(
@@ -134,7 +89,8 @@ def rollout_importance_weights(
     level "sequence":  w_t = exp(clamp(sum_s log r_s, -20, 20)) for every token of the sequence
     TIS (threshold_lower None):  w = min(w, threshold)
     IcePop:                      w = w if threshold_lower <= w <= threshold else 0
-    (veRL selects IcePop with `rollout_is_threshold: "lower_upper"`; see `parse_is_threshold`.)
+    (veRL selects IcePop with `rollout_is_threshold: "lower_upper"`; see
+    `rollout_correction_options.parse_is_threshold`.)
     batch_normalize divides by the mean weight, when it exceeds 1e-8: at token level the masked
     mean over tokens, at sequence level the mean over non-empty sequences of each sequence's masked
     mean weight; the factor is reported as `rollout_is_batch_norm_factor`. Weights are 0 on padding.
@@ -147,10 +103,9 @@ def rollout_importance_weights(
     """
     if level not in IS_LEVELS:
         raise ValueError(f"unknown importance weight level {level!r}; expected one of {IS_LEVELS}")
-    _check_is_bounds(threshold, threshold_lower)
+    check_importance_thresholds(threshold, threshold_lower)
     _, _, log_ratio, valid = _prepare(old_logp, rollout_logp, mask)
-    dtype = log_ratio.dtype
-    zero = torch.zeros((), dtype=dtype, device=log_ratio.device)
+    zero = torch.zeros((), dtype=log_ratio.dtype, device=log_ratio.device)
     seq_log_ratio = None
     if level == "token":
         raw = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
@@ -162,7 +117,25 @@ def rollout_importance_weights(
         weights = raw.clamp(max=threshold)
     else:
         weights = torch.where((raw >= threshold_lower) & (raw <= threshold), raw, zero)
+    metrics = _importance_metrics(raw, weights, seq_log_ratio, valid, threshold, threshold_lower)
+    if batch_normalize:
+        weights, metrics["rollout_is_batch_norm_factor"] = _normalized_to_batch_mean(weights, valid, level)
+    return weights.to(old_logp.dtype), metrics
 
+
+def _importance_metrics(
+    raw: torch.Tensor,
+    weights: torch.Tensor,
+    seq_log_ratio: torch.Tensor | None,
+    valid: torch.Tensor,
+    threshold: float,
+    threshold_lower: float | None,
+) -> dict[str, torch.Tensor]:
+    """veRL's `compute_is_metrics`: the weights before and after truncation (`raw`, `weights`, 0 on
+    padding) described over tokens and sequences; `seq_log_ratio` is the unclamped per-sequence sum
+    of the log ratios at sequence level, None at token level."""
+    dtype = weights.dtype
+    zero = torch.zeros((), dtype=dtype, device=weights.device)
     lower = 1.0 / threshold if threshold_lower is None else threshold_lower
     metrics: dict[str, torch.Tensor] = {"rollout_is_mean": masked_mean(weights, valid)}
     if seq_log_ratio is not None:
@@ -172,8 +145,8 @@ def rollout_importance_weights(
         metrics["rollout_is_ratio_fraction_high"] = _fraction(seq_log_ratio > math.log(threshold), dtype)
         metrics["rollout_is_ratio_fraction_low"] = _fraction(seq_log_ratio < math.log(lower), dtype)
     else:
-        metrics["rollout_is_max"] = _masked_max(weights, valid)
-        metrics["rollout_is_min"] = _masked_min(weights, valid)
+        metrics["rollout_is_max"] = masked_max(weights, valid)
+        metrics["rollout_is_min"] = masked_min(weights, valid)
         metrics["rollout_is_ratio_fraction_high"] = masked_mean((raw > threshold).to(dtype), valid)
         metrics["rollout_is_ratio_fraction_low"] = masked_mean((raw < lower).to(dtype), valid)
     metrics["rollout_is_std"] = _std_of_clamped(weights, valid, 0.0, threshold)
@@ -192,90 +165,23 @@ def rollout_importance_weights(
     if threshold_lower is not None:
         out_of_band = (raw < threshold_lower) | (raw > threshold)
         metrics["rollout_is_oob_ratio"] = masked_mean(out_of_band.to(dtype), valid)
-
-    if batch_normalize:
-        if level == "token":
-            mean = masked_mean(weights, valid)
-        else:
-            nonempty = valid.any(dim=-1).to(dtype)
-            mean = (masked_mean(weights, valid, dim=-1) * nonempty).sum() / nonempty.sum().clamp_min(1e-8)
-        if mean > 1e-8:
-            weights = weights / mean
-            metrics["rollout_is_batch_norm_factor"] = mean
-        else:
-            metrics["rollout_is_batch_norm_factor"] = torch.ones((), dtype=dtype, device=weights.device)
-    return weights.to(old_logp.dtype), metrics
+    return metrics
 
 
-def parse_rejection(options: str, thresholds: str | float | None) -> tuple[list[str], list[Threshold]]:
-    """veRL's `rollout_rs` / `rollout_rs_threshold` config values -> `rollout_rejection_mask` args.
-
-    `options` is comma separated (`"token_k1,seq_mean_k3"`; duplicates dropped, first kept);
-    `thresholds` one entry per option, comma separated, or a single entry shared by all. A k1 entry
-    is `"lower_upper"` (`"0.5_2.0"`) or an upper bound alone, the lower then being its reciprocal;
-    other options take an upper bound alone. As veRL's `_parse_rollout_rs_thresholds`.
-    """
-    names = list(dict.fromkeys(part.strip() for part in options.split(",") if part.strip()))
-    if not names:
-        raise ValueError("rollout_rs must name at least one option")
-    unknown = [name for name in names if name not in REJECTION_OPTIONS]
-    if unknown:
-        raise ValueError(f"unknown rejection options {unknown}; expected some of {REJECTION_OPTIONS}")
-    if thresholds is None:
-        raise ValueError("rollout_rs_threshold must be given for rejection sampling")
-    if isinstance(thresholds, bool) or not isinstance(thresholds, int | float | str):
-        raise TypeError(f"rollout_rs_threshold must be a number or a string, got {thresholds!r}")
-    specs = (
-        [str(thresholds)] if not isinstance(thresholds, str) else [p.strip() for p in thresholds.split(",")]
-    )
-    specs = [spec for spec in specs if spec]
-    if len(specs) not in (1, len(names)):
-        raise ValueError(
-            f"{len(specs)} rollout_rs thresholds for {len(names)} options; give 1 or {len(names)}"
-        )
-    specs = specs * len(names) if len(specs) == 1 else specs
-    parsed: list[Threshold] = []
-    for name, spec in zip(names, specs, strict=True):
-        if "_" in spec and not name.endswith("k1"):
-            raise ValueError(f"option {name!r} takes a single upper bound, got {spec!r}")
-        try:
-            parsed.append(tuple(float(part) for part in spec.split("_", 1)) if "_" in spec else float(spec))
-        except ValueError as exc:
-            raise ValueError(f"invalid threshold {spec!r} for option {name!r}") from exc
-    return names, parsed
-
-
-def _rejection_bounds(
-    options: Sequence[str], thresholds: Sequence[Threshold]
-) -> list[tuple[str, float | None, float]]:
-    """Validated (option, lower or None, upper); a k1 option given one number gets lower = 1/upper."""
-    if isinstance(options, str):
-        raise TypeError(
-            "options must be a sequence of option names; parse veRL's strings with parse_rejection"
-        )
-    if not options or len(options) != len(thresholds):
-        raise ValueError(
-            f"need one threshold per option, got {len(options)} options, {len(thresholds)} thresholds"
-        )
-    if len(set(options)) != len(options):
-        raise ValueError(f"duplicate rejection options in {list(options)}")
-    bounds = []
-    for option, threshold in zip(options, thresholds, strict=True):
-        if option not in REJECTION_OPTIONS:
-            raise ValueError(f"unknown rejection option {option!r}; expected one of {REJECTION_OPTIONS}")
-        if isinstance(threshold, tuple | list):
-            if not option.endswith("k1"):
-                raise ValueError(f"option {option!r} takes a single upper bound, got {threshold!r}")
-            lower, upper = (float(value) for value in threshold)
-        else:
-            upper = float(threshold)
-            lower = 1.0 / upper if option.endswith("k1") and upper > 0 else None
-        if upper <= 0 or (lower is not None and not 0 < lower <= upper):
-            raise ValueError(
-                f"thresholds for {option!r} must be positive with lower <= upper, got {threshold!r}"
-            )
-        bounds.append((option, lower, upper))
-    return bounds
+def _normalized_to_batch_mean(
+    weights: torch.Tensor, valid: torch.Tensor, level: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights / mean, mean): the mean over tokens at token level, over non-empty sequences of each
+    one's mean weight at sequence level. Unchanged, with factor 1, when the mean is not above 1e-8."""
+    dtype = weights.dtype
+    if level == "token":
+        mean = masked_mean(weights, valid)
+    else:
+        nonempty = valid.any(dim=-1).to(dtype)
+        mean = (masked_mean(weights, valid, dim=-1) * nonempty).sum() / nonempty.sum().clamp_min(1e-8)
+    if mean > 1e-8:
+        return weights / mean, mean
+    return weights, torch.ones((), dtype=dtype, device=weights.device)
 
 
 def rollout_rejection_mask(
@@ -301,7 +207,7 @@ def rollout_rejection_mask(
     (k1 adds `seq_fraction_low`), and overall `rollout_rs_masked_fraction` (over tokens) and
     `rollout_rs_seq_masked_fraction` (over all rows, empty ones included, as veRL).
     """
-    bounds = _rejection_bounds(options, thresholds)
+    bounds = rejection_bounds(options, thresholds)
     _, _, log_ratio, valid = _prepare(old_logp, rollout_logp, mask)
     dtype = log_ratio.dtype
     x = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
@@ -313,55 +219,74 @@ def rollout_rejection_mask(
         stat = token_stats[option[-2:]]
         k1 = lower is not None
         high, low = (math.log(upper), math.log(lower)) if k1 else (upper, 0.0)
-        if option.startswith("token_"):
-            seq_stat = None
-            per_token = stat
-        else:
-            if option.startswith("seq_sum_"):
-                seq_stat = masked_sum(stat, valid, dim=-1)
-            elif option.startswith("seq_mean_"):
-                seq_stat = masked_mean(stat, valid, dim=-1)
-            else:
-                seq_max = torch.where(valid, stat, torch.full_like(stat, -math.inf)).max(dim=-1).values
-                seq_stat = torch.where(nonempty, seq_max, torch.zeros_like(seq_max))
-            per_token = seq_stat.unsqueeze(-1).expand_as(stat)
+        seq_stat = _sequence_statistic(option, stat, valid, nonempty)
+        per_token = stat if seq_stat is None else seq_stat.unsqueeze(-1).expand_as(stat)
         keep = (per_token <= high) & (per_token >= low) if k1 else per_token <= high
-
         prefix = f"rollout_rs_{option}"
-        seq_values = (seq_stat if seq_stat is not None else masked_mean(per_token, valid, dim=-1))[nonempty]
-        metrics[f"{prefix}_mean"] = masked_mean(per_token, valid)
-        if seq_stat is not None:
-            metrics[f"{prefix}_max"], metrics[f"{prefix}_min"] = seq_values.max(), seq_values.min()
-            metrics[f"{prefix}_fraction_high"] = _fraction(seq_values > high, dtype)
-            low_fraction = _fraction(seq_values < low, dtype)
-        else:
-            metrics[f"{prefix}_max"], metrics[f"{prefix}_min"] = (
-                _masked_max(stat, valid),
-                _masked_min(stat, valid),
-            )
-            metrics[f"{prefix}_fraction_high"] = masked_mean((stat > high).to(dtype), valid)
-            low_fraction = masked_mean((stat < low).to(dtype), valid)
-        metrics[f"{prefix}_fraction_low"] = (
-            low_fraction if k1 else torch.zeros((), dtype=dtype, device=x.device)
-        )
-        metrics[f"{prefix}_std"] = _std_of_clamped(per_token, valid, low, high)
-        metrics[f"{prefix}_seq_mean"] = seq_values.mean()
-        metrics[f"{prefix}_seq_std"] = _std(seq_values)
-        metrics[f"{prefix}_seq_max"] = seq_values.max()
-        metrics[f"{prefix}_seq_min"] = seq_values.min()
-        metrics[f"{prefix}_seq_max_deviation"] = seq_values.abs().max()
-        metrics[f"{prefix}_seq_fraction_high"] = _fraction(seq_values > high, dtype)
-        if k1:
-            metrics[f"{prefix}_seq_fraction_low"] = _fraction(seq_values < low, dtype)
-        rejected = valid & ~keep
-        metrics[f"{prefix}_masked_fraction"] = masked_mean(rejected.to(dtype), valid)
-        metrics[f"{prefix}_seq_masked_fraction"] = _fraction(rejected.any(dim=-1)[nonempty], dtype)
+        metrics.update(_rejection_metrics(prefix, per_token, seq_stat, keep, valid, low, high, k1))
         keep_all &= keep
 
     rejected = valid & ~keep_all
     metrics["rollout_rs_masked_fraction"] = masked_mean(rejected.to(dtype), valid)
     metrics["rollout_rs_seq_masked_fraction"] = _fraction(rejected.any(dim=-1), dtype)
     return torch.where(keep_all, mask, torch.zeros_like(mask)), metrics
+
+
+def _sequence_statistic(
+    option: str, stat: torch.Tensor, valid: torch.Tensor, nonempty: torch.Tensor
+) -> torch.Tensor | None:
+    """The per-sequence statistic a `seq_*` option bounds ([batch]); None for a `token_*` option."""
+    if option.startswith("token_"):
+        return None
+    if option.startswith("seq_sum_"):
+        return masked_sum(stat, valid, dim=-1)
+    if option.startswith("seq_mean_"):
+        return masked_mean(stat, valid, dim=-1)
+    seq_max = masked_max(stat, valid, dim=-1)
+    return torch.where(nonempty, seq_max, torch.zeros_like(seq_max))  # an empty row's -inf counts as 0
+
+
+def _rejection_metrics(
+    prefix: str,
+    per_token: torch.Tensor,
+    seq_stat: torch.Tensor | None,
+    keep: torch.Tensor,
+    valid: torch.Tensor,
+    low: float,
+    high: float,
+    k1: bool,
+) -> dict[str, torch.Tensor]:
+    """veRL's `compute_rs_metrics` for one option: its statistic (`per_token`, the sequence's value on
+    each of its tokens for a `seq_*` option, whose `seq_stat` is then given) against the bounds
+    [low, high], and what `keep` rejects. Sequence metrics are over non-empty rows."""
+    dtype = per_token.dtype
+    nonempty = valid.any(dim=-1)
+    seq_values = (seq_stat if seq_stat is not None else masked_mean(per_token, valid, dim=-1))[nonempty]
+    metrics = {f"{prefix}_mean": masked_mean(per_token, valid)}
+    if seq_stat is not None:
+        metrics[f"{prefix}_max"], metrics[f"{prefix}_min"] = seq_values.max(), seq_values.min()
+        metrics[f"{prefix}_fraction_high"] = _fraction(seq_values > high, dtype)
+        low_fraction = _fraction(seq_values < low, dtype)
+    else:
+        metrics[f"{prefix}_max"] = masked_max(per_token, valid)
+        metrics[f"{prefix}_min"] = masked_min(per_token, valid)
+        metrics[f"{prefix}_fraction_high"] = masked_mean((per_token > high).to(dtype), valid)
+        low_fraction = masked_mean((per_token < low).to(dtype), valid)
+    zero = torch.zeros((), dtype=dtype, device=per_token.device)
+    metrics[f"{prefix}_fraction_low"] = low_fraction if k1 else zero  # only k1 has a lower bound
+    metrics[f"{prefix}_std"] = _std_of_clamped(per_token, valid, low, high)
+    metrics[f"{prefix}_seq_mean"] = seq_values.mean()
+    metrics[f"{prefix}_seq_std"] = _std(seq_values)
+    metrics[f"{prefix}_seq_max"] = seq_values.max()
+    metrics[f"{prefix}_seq_min"] = seq_values.min()
+    metrics[f"{prefix}_seq_max_deviation"] = seq_values.abs().max()
+    metrics[f"{prefix}_seq_fraction_high"] = _fraction(seq_values > high, dtype)
+    if k1:
+        metrics[f"{prefix}_seq_fraction_low"] = _fraction(seq_values < low, dtype)
+    rejected = valid & ~keep
+    metrics[f"{prefix}_masked_fraction"] = masked_mean(rejected.to(dtype), valid)
+    metrics[f"{prefix}_seq_masked_fraction"] = _fraction(rejected.any(dim=-1)[nonempty], dtype)
+    return metrics
 
 
 def off_policy_metrics(
@@ -378,9 +303,7 @@ def off_policy_metrics(
       ppl_ratio = mean(exp(m_roll - m_old)), chi2_token = masked mean of exp(clamp(log r))^2 - 1,
       chi2_seq = mean(exp(2 clamp(sum log r))) - 1.
     """
-    old, rollout, log_ratio, valid = _prepare(
-        old_logp, old_logp if rollout_logp is None else rollout_logp, mask
-    )
+    old, rollout, log_ratio, valid = _prepare(old_logp, old_logp if rollout_logp is None else rollout_logp, mask)
     mean_old = masked_mean(old, valid, dim=-1)
     metrics = {"training_ppl": torch.exp(-mean_old).mean(), "training_log_ppl": (-mean_old).mean()}
     if rollout_logp is None:

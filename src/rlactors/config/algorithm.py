@@ -68,7 +68,8 @@ class RolloutCorrectionConfig(Section):
         if (self.rejection is None) != (self.rejection_threshold is None):
             raise ValueError("rejection and rejection_threshold go together: set both or neither")
         if self.rejection is not None:
-            from rlactors.algorithms.rollout_correction import parse_rejection  # torch: only when used
+            # Imported here: rlactors.algorithms imports torch, which a configuration needs only with rejection.
+            from rlactors.algorithms.rollout_correction_options import parse_rejection
 
             parse_rejection(self.rejection, self.rejection_threshold)
         lower = self.importance_threshold_lower

@@ -1,8 +1,12 @@
-"""The engine actor's side of vLLM's processes: starting them, their start-up errors, their death.
+"""The engine actor's side of vLLM's processes: starting them, their start-up errors, their death,
+the calls into them, and their memory.
 
     error_file = prepare_environment(platform, config)       # in the actor, before vLLM is imported
     llm, front_end_cpu_cores = start_vllm(model_path, config, platform, dtype, seed, error_file)
     await until_dead(llm, llm.collective_rpc(...), lambda: dead_error(llm, "a weight update", error_file))
+    vllm = VllmCalls(llm, platform, error_file)              # the engine's calls go through this:
+    await vllm("sleep", llm.sleep(level=1))                  # `until_dead`, and ...
+    vllm.suspend_when_idle()                                 # ... on CPU, vLLM stopped while it sleeps
 
 `start_vllm` raises `RuntimeError("vLLM engine failed to start: <cause>")` where the cause is vLLM's
 own error: raised here in the front end (config validation), or recorded by the process where it
@@ -32,6 +36,7 @@ from rlactors.runtime.logs import vllm_environment
 from rlactors.runtime.session import session_dir
 
 DEATH_POLL_S = 0.25  # how often a wait on the engine core checks that it still lives; vLLM notices within ~1 s
+MEMORY_RPC_TIMEOUT_S = 30.0  # a memory reading is a few calls in the worker; past this the engine is stuck
 
 
 def prepare_environment(platform: str, config: RolloutConfig) -> str:
@@ -273,3 +278,47 @@ class Suspension:
                 process.resume()
             except psutil.NoSuchProcess:
                 pass
+
+
+class VllmCalls:
+    """The engine actor's calls into vLLM's engine core, `await vllm(what, call)`: each ends with an
+    EngineDeadError naming `what` if the core dies first (`until_dead`). On CPU, vLLM's processes
+    can be stopped while the engine sleeps (`suspend_when_idle`): never while a call awaits an answer,
+    and continued before the next call, which also cancels a stop still to come."""
+
+    def __init__(self, llm, platform: str, error_file: str):
+        self.llm = llm
+        self.platform = platform
+        self.error_file = error_file
+        self._suspension = Suspension()
+        self._num_calls = 0  # awaiting an answer: vLLM is never stopped mid-call
+        self._suspend_when_idle = False  # asleep with calls in flight: stop vLLM once the last returns
+
+    async def __call__(self, what: str, call: Awaitable):
+        self._suspension.resume()
+        self._suspend_when_idle = False  # a new call: the engine is in use again until the next sleep
+        self._num_calls += 1
+        try:
+            return await until_dead(self.llm, call, lambda: dead_error(self.llm, what, self.error_file))
+        finally:
+            self._num_calls -= 1
+            self._suspend_if_idle()
+
+    def suspend_when_idle(self) -> None:
+        """Stop vLLM's processes now, or once the calls awaiting an answer return; called by a sleep,
+        and taken back by the next call (a wake-up, a weight update, anything)."""
+        self._suspend_when_idle = True
+        self._suspend_if_idle()
+
+    def _suspend_if_idle(self) -> None:
+        if self._suspend_when_idle and not self._num_calls:
+            self._suspend_when_idle = False
+            self._suspension.suspend()
+
+    async def phase_memory(self, phase: str) -> dict:
+        """The memory of vLLM's (first) worker process, which holds the device memory, for the phase
+        log (`rlactors.runtime.phases`): the front end has no device context, and making one would
+        itself cost memory. On CPU it is the worker's resident set, read without a call through vLLM."""
+        if self.platform == "cpu":
+            return {"host_rss_bytes": worker_rss_bytes()}
+        return (await self(phase, self.llm.collective_rpc("rlactors_memory", timeout=MEMORY_RPC_TIMEOUT_S)))[0]

@@ -24,6 +24,14 @@ def resolve_sampling(sampling: SamplingArg, default: SamplingConfig) -> Sampling
     return SamplingConfig.model_validate(sampling)
 
 
+def sampling_per_request(sampling: SamplingArg | list[SamplingArg], num_requests: int) -> list[SamplingArg]:
+    """One sampling argument per request: a list gives one for each, anything else is for all."""
+    per_request = sampling if isinstance(sampling, list) else [sampling] * num_requests
+    if len(per_request) != num_requests:
+        raise ValueError(f"got {len(per_request)} sampling settings for {num_requests} requests")
+    return per_request
+
+
 def check_prompt(request: PromptRequest, vocab_size: int, max_model_len: int) -> None:
     """Raise ValueError naming the prompt_id if the prompt cannot be answered."""
     tokens = request.prompt_token_ids

@@ -1,5 +1,20 @@
-"""What a rollout engine needs of weights beyond vLLM's weight-transfer engines: the check of an
-object-store bucket before its bytes go to vLLM, and the methods vLLM mixes into its workers.
+"""What a rollout engine needs of weights beyond vLLM's weight-transfer engines: the rules and the
+record of a weight update, vLLM's side of finishing one, the check of an object-store bucket
+before its bytes go to vLLM, and the methods vLLM mixes into its workers.
+
+Weight updates go through vLLM's weight-transfer protocol, driven by a sender
+(`rlactors.weight_sync`): `init_weight_transfer_engine` once per sender, then per sync
+`start_weight_update(policy_version)` (generation pauses in vLLM), `update_weights` per bucket
+(loaded through the model's own `load_weights` inside vLLM's layerwise reload) and
+`finish_weight_update(policy_version)` (prefix cache dropped, version label set, generation
+resumes). The transport is the engine's `weight_backend` (`rlactors.weight_sync.choice`). With
+`partial_rollout` off the pause first lets in-flight requests finish (their tokens are all the old
+version). With it on they are aborted and continued under the new weights from prompt + partial
+response (`on_abort="resume"`, max_tokens reduced by what was produced; the response then carries
+two versions), or restarted from the prompt (`on_abort="requeue"`; `rlactors.rollout.generation`).
+Requests arriving during an update (or sleep) wait at the engine's admission gate and enter vLLM
+after it. An update that never finishes (its sender died, a bucket failed) leaves `weights_mixed`
+set and refuses the next start: such an engine must restart.
 
 A *bucket* of the `object_store` transport is a list of `(name, tensor)` pairs, put into Ray's
 object store by the sender (`rlactors.weight_sync.trainer_engines`). Names are those of the
@@ -10,7 +25,49 @@ names onto its fused parameters in `load_weights`, so no name translation happen
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
+
 import torch
+
+
+@dataclass
+class WeightUpdate:
+    """A weight update between the engine's `start_weight_update` and `finish_weight_update`."""
+
+    policy_version: int  # the version it loads
+    pause_start_s: float  # perf_counter when generation began to pause for it
+    was_asleep: bool  # generation stays paused after it, until wake_up
+    sync_start_s: float = 0.0  # perf_counter once paused (in-flight requests done), when loading began
+    weight_bytes: int = 0  # loaded so far
+
+    def timing(self) -> dict:
+        """weight_sync_s: start of loading to now; pause_s: the wait for in-flight requests before it."""
+        return {"policy_version": self.policy_version, "weight_sync_s": time.perf_counter() - self.sync_start_s,
+                "pause_s": self.sync_start_s - self.pause_start_s}
+
+
+def check_update_start(policy_version: int, loaded_version: int, open_update: WeightUpdate | None) -> None:
+    """Raise unless an update to `policy_version` may start: never to weights older than those
+    loaded, and never after one that did not finish (vLLM's worker still holds that one open: only
+    a fresh engine can take another)."""
+    if policy_version < loaded_version:
+        raise ValueError(f"policy_version {policy_version} is older than the loaded {loaded_version}")
+    if open_update is not None:
+        raise RuntimeError(f"the weight update to policy_version {open_update.policy_version} never "
+                           "finished: this engine must restart")
+
+
+async def close_update_in_vllm(vllm, weight_backend: str, policy_version: int) -> None:
+    """vLLM's side of finishing an update, through the engine's `VllmCalls` `vllm`
+    (`rlactors.rollout.engine_core`): close it, drop the prefix cache (the KV of the old weights)
+    and label later tokens `policy_version`. Generation stays paused."""
+    llm = vllm.llm
+    await vllm("finish_weight_update", llm.finish_weight_update())
+    if weight_backend in ("nccl", "ipc"):  # vLLM's own engines do not re-process a tied output head
+        await vllm("finish_weight_update", llm.collective_rpc("rlactors_refresh_tied_head"))
+    await vllm("finish_weight_update", llm.reset_prefix_cache())
+    await vllm("finish_weight_update", llm.update_weight_version(str(policy_version)))
 
 
 def check_bucket(bucket: object) -> list[tuple[str, torch.Tensor]]:
@@ -28,6 +85,19 @@ def check_bucket(bucket: object) -> list[tuple[str, torch.Tensor]]:
             raise TypeError(f"weight bucket, {name!r}: expected a float tensor, got {tensor.dtype}")
         checked.append((name, tensor.detach().to("cpu").contiguous()))
     return checked
+
+
+async def vllm_update_info(update_info: dict) -> dict:
+    """The update info handed to vLLM: the object_store transport's `{"bucket": bucket or its ref}`
+    becomes our engine's inline bytes (`inline_update_info`), fetched and checked here; the info of
+    any other backend passes unchanged."""
+    import ray  # here: vLLM's worker processes import this module for `WorkerExtension` alone
+
+    if "bucket" not in update_info:
+        return update_info
+    bucket = update_info["bucket"]
+    named_tensors = check_bucket(await bucket if isinstance(bucket, ray.ObjectRef) else bucket)
+    return inline_update_info(named_tensors, bool(update_info.get("digest")))
 
 
 def inline_update_info(named_tensors: list[tuple[str, torch.Tensor]], digest: bool) -> dict:

