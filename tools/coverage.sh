@@ -27,11 +27,55 @@ source =
     src/rlactors
     */py_modules_files/*/rlactors
 EOF
-flush="$site/zz_rlactors_coverage_flush.pth"
-cat > "$flush" <<'EOF'
-import os; exec("import threading, time\ntry:\n import coverage\n cov = getattr(coverage.process_startup, 'coverage', None)\nexcept Exception:\n cov = None\nif cov is not None and not hasattr(cov, 'save_lock'):\n cov.save_lock, unlocked_save = threading.Lock(), cov.save\n def save():\n  with cov.save_lock:\n   unlocked_save()\n cov.save = save\n def save_every_5_s():\n  while True:\n   time.sleep(5)\n   try:\n    save()\n   except Exception:\n    pass\n threading.Thread(target=save_every_5_s, name='coverage-save', daemon=True).start()", {}) if os.environ.get("COVERAGE_PROCESS_START") else None
+# The saver: a module beside coverage's own .pth, imported by a .pth line of its own (a later name,
+# so coverage has started by then). A save while another thread imported once broke that import
+# (a KeyError naming the module): a round in which a thread is inside importlib is skipped.
+saver="$site/zz_rlactors_coverage_saver.py"
+cat > "$saver" <<'EOF'
+import sys
+import threading
+import time
+
+import coverage
+
+
+def _importing() -> bool:
+    me = threading.get_ident()
+    for thread_id, frame in sys._current_frames().items():
+        while thread_id != me and frame is not None:
+            if frame.f_code.co_filename.startswith("<frozen importlib"):
+                return True
+            frame = frame.f_back
+    return False
+
+
+def start() -> None:
+    cov = getattr(coverage.process_startup, "coverage", None)
+    if cov is None or hasattr(cov, "save_lock"):
+        return
+    cov.save_lock, unlocked_save = threading.Lock(), cov.save
+
+    def save():
+        with cov.save_lock:
+            unlocked_save()
+
+    cov.save = save
+
+    def save_every_5_s():
+        while True:
+            time.sleep(5)
+            if _importing():
+                continue
+            try:
+                save()
+            except Exception:
+                pass
+
+    threading.Thread(target=save_every_5_s, name="coverage-save", daemon=True).start()
 EOF
-trap 'rm -f "$flush"' EXIT
+flush="$site/zz_rlactors_coverage_flush.pth"
+echo 'import os; exec("import zz_rlactors_coverage_saver; zz_rlactors_coverage_saver.start()") if os.environ.get("COVERAGE_PROCESS_START") else None' > "$flush"
+trap 'rm -f "$flush" "$saver"' EXIT
 COVERAGE_PROCESS_START="$out/coveragerc" $PY -m pytest "$@"
 status=$?
 $PY -m coverage combine --quiet --rcfile="$out/coveragerc"
