@@ -37,11 +37,14 @@ PER_EXAMPLE = {
 }
 
 
-# In make test: DAPO async with dynamic sampling, PPO with a critic. The others differ from these in
-# settings other runs of make test check: GRPO colocated with a KL loss on a reference trainer
-# (tests/pipelines/test_algorithm_options.py, tests/pipelines/test_pipelines.py), GSPO's and CISPO's
-# policy losses (test_algorithm_options.py, tests/trainer/test_policy_objective.py).
-SLOW = {"gsm8k_grpo_qwen3_8b.yaml", "gsm8k_gspo_qwen3_8b.yaml", "math_cispo_qwen2.5_math_7b.yaml"}
+# Run for 2 steps in make test: DAPO async with dynamic sampling, PPO with a critic. In the slow tier:
+# GRPO colocated with a KL loss on a reference trainer, the main example. GSPO's and CISPO's examples
+# differ from it only in their algorithm section (a policy loss, its clip range and aggregation, no
+# KL): the names reach their functions (tests/trainer/test_policy_objective.py), options train
+# together through the real stack (tests/pipelines/test_algorithm_options.py), and each example's own
+# section gives a finite loss with a gradient below; a run of each would add nothing but two minutes.
+SLOW = {"gsm8k_grpo_qwen3_8b.yaml"}
+CHECKED_WITHOUT_A_RUN = {"gsm8k_gspo_qwen3_8b.yaml", "math_cispo_qwen2.5_math_7b.yaml"}
 # Run end to end on the tiny model by other tests, with tiny overrides of their own: not a third time here.
 RUN_ELSEWHERE = {"quickstart_cpu.yaml": "tests/cluster/test_job_submit.py runs it as a submitted job (make test), "
                                         "tests/runtime/test_logs.py through `python -m rlactors run` with its own Ray"}
@@ -50,10 +53,37 @@ RUN_ELSEWHERE = {"quickstart_cpu.yaml": "tests/cluster/test_job_submit.py runs i
 def test_every_example_config_is_covered():
     assert {p.name for p in EXAMPLES.glob("*.yaml")} == set(PER_EXAMPLE)
     assert set(RUN_ELSEWHERE) <= set(PER_EXAMPLE)
+    assert not set(RUN_ELSEWHERE) & CHECKED_WITHOUT_A_RUN
+
+
+@pytest.mark.parametrize("name", sorted(PER_EXAMPLE))
+def test_every_example_loads_plans_and_its_algorithm_trains(tmp_path, tiny_model_dir, name):
+    """Without Ray: the example with the tiny overrides passes the run's own checks, and its
+    algorithm section, as the trainer applies it, gives a finite policy loss with a gradient."""
+    import torch
+
+    from rlactors.pipelines import preflight
+    from rlactors.trainer.policy_objective import policy_loss
+
+    config = load_config(EXAMPLES / name, TINY + PER_EXAMPLE[name] + [
+        f"model.path={tiny_model_dir}", f"pipeline.output_dir={tmp_path}"])
+    preflight.check_config(config, tmp_path)
+    preflight.check_model(config, tiny_model_dir)
+    generator = torch.Generator().manual_seed(0)
+    old = -torch.rand(4, 6, generator=generator, dtype=torch.float64) - 0.5
+    logp = (old + 0.05 * torch.randn(4, 6, generator=generator, dtype=torch.float64)).requires_grad_(True)
+    advantages = torch.randn(4, 6, generator=generator, dtype=torch.float64)
+    mask = torch.ones(4, 6, dtype=torch.float64)
+    mask[1, 3:] = 0
+    counts = dict(global_num_tokens=int(mask.sum()), global_num_sequences=4, norm_tokens=6)
+    loss, sums = policy_loss(config.algorithm, logp, old, old, advantages, mask, None, counts)
+    loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(value).all() for value in sums.values())
+    assert logp.grad.abs().sum() > 0 and not logp.grad[mask == 0].any()  # padding never learns
 
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.slow] if name in SLOW else [])
-                                  for name in sorted(set(PER_EXAMPLE) - set(RUN_ELSEWHERE))])
+                                  for name in sorted(set(PER_EXAMPLE) - set(RUN_ELSEWHERE) - CHECKED_WITHOUT_A_RUN)])
 def test_example_runs_two_steps(warm_actors, tmp_path, tiny_model_dir, name):
     config = load_config(EXAMPLES / name, TINY + PER_EXAMPLE[name] + [
         f"model.path={tiny_model_dir}", f"pipeline.output_dir={tmp_path}"])

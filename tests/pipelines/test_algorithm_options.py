@@ -4,7 +4,7 @@ for policy losses, tests/pipelines/test_batch_builder.py for advantage estimator
 correction, tests/algorithms for the maths); these runs show the options train together end to end:
 the old-logprob pass where a correction asks for it and none in bypass mode, ReMax's greedy baseline
 generated and used, a KL loss with a reference trainer, several mini-batches, async staleness.
-GSPO and CISPO also run as shipped examples (tests/examples)."""
+GSPO's and CISPO's shipped examples: their algorithm sections in tests/examples, without a run."""
 
 import math
 
