@@ -195,6 +195,12 @@ def build_run(config: Config, model_path: str | None = None, warm: WarmActors | 
     router = reward = buffer = builder = None
     try:
         algorithm, sampling = config.algorithm, config.rollout.sampling
+        # Neither waits for its actor to start (the first call does): their processes start while
+        # the trainers and the engines do.
+        buffer = BufferClient.create(config.buffer, config.pipeline.batch_size_prompts,
+                                     config.pipeline.trigger_parameter_sync_step, str(output_dir / LEDGER_FOLDER),
+                                     options=placement.near("actor"))
+        builder = BatchBuilder.options(**placement.near("actor")).remote(algorithm, model_path)
         start_trainers(config, model_path, trainer_settings(config, plan.cluster.device_kind), placement,
                        partial(warm.take_trainers, kept) if kept else None, trainers, taken)
         if config.trainer.offload and config.pipeline.mode == "colocated":
@@ -212,10 +218,6 @@ def build_run(config: Config, model_path: str | None = None, warm: WarmActors | 
                                           dtype=config.model.dtype, weight_backend=transport.vllm_backend)
         router.ready()
         reward = RewardPool(config.reward, max_response_tokens=sampling.max_response_tokens)
-        buffer = BufferClient.create(config.buffer, config.pipeline.batch_size_prompts,
-                                     config.pipeline.trigger_parameter_sync_step, str(output_dir / LEDGER_FOLDER),
-                                     options=placement.near("actor"))
-        builder = BatchBuilder.options(**placement.near("actor")).remote(algorithm, model_path)
     except BaseException:
         # Everything started so far, in and outside the placement groups; the error stays the one raised.
         stop_all(run_parts([*trainers.values(), *taken.values()], router, reward, buffer, builder), placement)
