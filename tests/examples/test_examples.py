@@ -57,7 +57,7 @@ def test_every_example_config_is_covered():
 
 
 @pytest.mark.parametrize("name", sorted(PER_EXAMPLE))
-def test_every_example_loads_plans_and_its_algorithm_trains(tmp_path, tiny_model_dir, name):
+def test_every_example_loads_passes_the_run_checks_and_its_algorithm_trains(tmp_path, tiny_model_dir, name):
     """Without Ray: the example with the tiny overrides passes the run's own checks, and its
     algorithm section, as the trainer applies it, gives a finite policy loss with a gradient."""
     import torch
