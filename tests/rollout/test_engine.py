@@ -188,12 +188,14 @@ def test_partial_rollout_resumes_under_new_weights(engine, reference):
     requests = prompts(tokenizer, [f"question {i}:" for i in range(16)])
     collect(engine, requests[:2], SamplingConfig(num_samples_per_prompt=2, max_response_tokens=8, seed=1))
     sampling = SamplingConfig(num_samples_per_prompt=8, max_response_tokens=LONG_TOKENS, ignore_eos=True, seed=3)
+    clock_before, clock_started = ray.get(engine.health.remote())["time_s"], time.monotonic()
     stream = engine.generate.remote(requests, sampling)
     wait_until_generating(engine)
     time.sleep(0.3)  # let responses get part-way (a test of labels, not of speed)
     new_version = old_version + 1
     perturb_and_send(engine, model, new_version, seed=2)
     groups = [ray.get(ref) for ref in stream]
+    clock_after, clock_elapsed_s = ray.get(engine.health.remote())["time_s"], time.monotonic() - clock_started
 
     assert sorted(g.prompt_id for g in groups) == sorted(r.prompt_id for r in requests)
     old_model = type(model)(model.config).eval()
@@ -217,6 +219,11 @@ def test_partial_rollout_resumes_under_new_weights(engine, reference):
     assert num_spanning > 0, "no response was interrupted: nothing carries two policy versions"
     # Where vLLM labels tokens itself (>= 0.32), it agrees with the engine's own labels on every piece.
     assert ray.get(engine.health.remote())["num_version_disagreements"] == 0
+    # The engine's clock: generating for at least the wait above, paused for the update, and every
+    # second of the call in one of its states.
+    spent = {state: clock_after[state] - clock_before[state] for state in clock_after}
+    assert spent["generating"] >= 0.3 and spent["paused"] > 0.0, spent
+    assert abs(sum(spent.values()) - clock_elapsed_s) < 0.25, (spent, clock_elapsed_s)
     print(f"{num_spanning} of {sum(len(g.samples) for g in groups)} responses span versions "
           f"{old_version} and {new_version}")
 

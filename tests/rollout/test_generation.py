@@ -1,7 +1,11 @@
-"""The engine's bookkeeping of its requests in vLLM: which a caller's abort reaches."""
+"""The engine's bookkeeping of its requests in vLLM: which a caller's abort reaches, and where its
+time goes."""
 
 from __future__ import annotations
 
+import asyncio
+
+from rlactors.rollout.admission import AdmissionGate
 from rlactors.rollout.generation import Requests
 
 
@@ -11,3 +15,25 @@ def test_an_abort_marks_the_named_groups_and_returns_their_requests_in_flight():
     assert requests.user_aborted == {"g1", "g3"}  # g3 not yet in vLLM: its samples end "abort" on arrival
     assert requests.abort(None) == ["g1/0/c/0", "g1/1/c/1", "g2/0/c/2"]
     assert requests.user_aborted == {"g1", "g2", "g3"}
+
+
+def test_the_engine_clock_is_paused_while_the_gate_is_closed_else_generating_while_requests_are_in():
+    async def states() -> list[str]:
+        gate, requests, seen = AdmissionGate(), Requests(), []
+
+        def note() -> None:
+            requests.note_activity(gate)
+            seen.append(requests.clock.state)
+
+        note()
+        requests.in_flight["g1/0/c/0"] = "g1"
+        note()
+        await gate.close(timeout_s=1.0)  # a weight update: what is in flight waits or was interrupted
+        note()
+        requests.in_flight.clear()
+        note()  # still paused: nothing may enter
+        gate.open()
+        note()
+        return seen
+
+    assert asyncio.run(states()) == ["idle", "generating", "paused", "paused", "idle"]

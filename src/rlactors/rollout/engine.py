@@ -170,6 +170,8 @@ class RolloutEngine:
             "paused": self.asleep or self._update is not None,
             "num_interrupted": self._requests.num_interrupted,
             "num_version_disagreements": self._requests.num_version_disagreements,
+            # Seconds generating, paused (a weight update or sleep) and idle since the run began.
+            "time_s": self._requests.clock.seconds(),
             "platform": self.platform,
             "dtype": self.dtype,
             "front_end_cpu_cores": self.front_end_cpu_cores,
@@ -192,6 +194,7 @@ class RolloutEngine:
         self.policy_version = 0
         self._requests.num_interrupted = self._requests.num_version_disagreements = 0
         self._requests.user_aborted.clear()
+        self._requests.clock.reset("idle")
         self.phases = PhaseLog()
         self._weights_of_last_run = True
         await self._vllm("new_run", self.llm.update_weight_version("0"))
@@ -271,6 +274,7 @@ class RolloutEngine:
         check_update_start(policy_version, self.policy_version, self._update)
         pause_start = time.perf_counter()
         await self._gate.close(GATE_TIMEOUT_S)  # nothing enters vLLM until these weights are whole again
+        self._requests.note_activity(self._gate)
         self._update = WeightUpdate(policy_version, pause_start, was_asleep=self.asleep)
         if self.asleep:
             if "weights" in self._sleeping_tags:
@@ -342,6 +346,7 @@ class RolloutEngine:
             return None
         level = self.config.sleep_level
         await self._gate.close(GATE_TIMEOUT_S)  # what is interrupted waits at the gate until wake_up
+        self._requests.note_activity(self._gate)
         await self._vllm("sleep", self.llm.sleep(level=level, mode="abort" if self.config.partial_rollout else "wait"))
         self.asleep = True
         self._sleeping_tags = list(SLEEP_TAGS)  # vLLM's executor marks both asleep at every level >= 1
@@ -369,6 +374,7 @@ class RolloutEngine:
         """Let requests into vLLM again once no weight update is open and nothing sleeps."""
         if self._update is None and not self.asleep:
             self._gate.open()
+            self._requests.note_activity(self._gate)
 
     # ---------------------------------------------------------------- phase log
 

@@ -55,7 +55,10 @@ from rlactors.rollout.samples import (
     vllm_disagrees,
 )
 from rlactors.rollout.vllm_args import sampling_params
+from rlactors.runtime.state_clock import StateClock
 from rlactors.types import Group, PromptRequest, Sample
+
+ENGINE_STATES = ("generating", "paused", "idle")
 
 
 @dataclass
@@ -67,6 +70,8 @@ class Requests:
     numbers: Iterator[int] = field(default_factory=itertools.count)  # keeps vLLM request ids unique in the engine
     num_interrupted: int = 0  # responses cut by a weight update or sleep, then resumed or requeued
     num_version_disagreements: int = 0  # pieces whose tokens vLLM labels otherwise than the gate (must stay 0)
+    # Where the engine's time goes (`health()["time_s"]`): `note_activity` switches it at every change.
+    clock: StateClock = field(default_factory=lambda: StateClock(ENGINE_STATES, "idle"))
 
     def abort(self, group_ids: list[str] | None) -> list[str]:
         """Mark the named groups (None: every group in flight) to end as "abort"; returns the ids
@@ -74,6 +79,11 @@ class Requests:
         chosen = set(self.in_flight.values()) if group_ids is None else set(group_ids)
         self.user_aborted |= chosen
         return [request_id for request_id, group_id in self.in_flight.items() if group_id in chosen]
+
+    def note_activity(self, gate: AdmissionGate) -> None:
+        """Paused while the gate is closed (a weight update or sleep; what is in flight waits or was
+        interrupted), else generating while any request is in vLLM or at the gate, else idle."""
+        self.clock.switch("paused" if not gate.is_open else "generating" if self.in_flight else "idle")
 
 
 @dataclass(frozen=True)
@@ -158,6 +168,7 @@ async def generate_turn(call: GenerateCall, sample: Sample, request: PromptReque
         prompt = tokens_input(request.prompt_token_ids + sample.response_token_ids)
         request_id = f"{request.group_id}/{sample.sample_index}/{call.call_id}/{next(requests.numbers)}"
         requests.in_flight[request_id] = request.group_id
+        requests.note_activity(call.gate)
         try:
             final, version = await run_request(call.llm, call.gate, call.policy_version,
                                                lambda: request.group_id not in requests.user_aborted,
@@ -173,6 +184,7 @@ async def generate_turn(call: GenerateCall, sample: Sample, request: PromptReque
             return "error"
         finally:
             requests.in_flight.pop(request_id, None)
+            requests.note_activity(call.gate)
         if final is None:  # aborted while it waited at the gate
             return "abort"
         completion = final.outputs[0]

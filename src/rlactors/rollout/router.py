@@ -344,6 +344,13 @@ class RolloutRouter:
         logs = self._call(self.replicas.live(), "phase_log", timeout_s=PHASE_LOG_TIMEOUT_S)
         return [logs.get(i) for i in range(len(self.engines))]
 
+    def time_s(self) -> dict[str, float]:
+        """Seconds the live engines spent generating, paused (weight updates, sleep) and idle since
+        their run began (`health()["time_s"]`), the mean over replicas; {} when none is live."""
+        answers = self._call(self.replicas.live(), "health", timeout_s=self.health_timeout_s).values()
+        times = [answer["time_s"] for answer in answers]
+        return {state: sum(t[state] for t in times) / len(times) for state in times[0]} if times else {}
+
     def state_dict(self) -> dict:
         """The policy_version only; weights are the trainer's to resend after a restore."""
         return {"policy_version": self.policy_version}
