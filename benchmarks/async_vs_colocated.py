@@ -1,4 +1,5 @@
-"""Fully-async vs colocated: the same GRPO config on the `small` model, equal numbers of steps, one run.
+"""Fully-async vs colocated, and where each pool's time goes in async mode: the same GRPO config on
+the `small` model, equal numbers of steps, one run.
 
 Colocated lets rollout and training take turns on both cores; async gives the rollout engine and
 the trainer one core each (`rollout.cpu_cores`, `trainer.cpu_cores`) and overlaps them, with one
@@ -6,10 +7,21 @@ batch of look-ahead (staleness_threshold 1, max_staleness 1, partial rollouts, t
 The reward is a toy one an untrained model can learn (the share of digits in the response), so
 the final rewards say whether both modes learn alike.
 
+In the async run, per timed step (the first `NUM_WARMUP_STEPS` are not timed), from its metrics:
+- the trainer: busy by phase (`timing_s/<phase>`) and its wait for a batch (`timing_s/gen`);
+- the rollout pool (`rlactors.pipelines.fully_async.Producer.time_metrics`): the engine generating,
+  paused for weight updates, idle, and the producer blocked by the staleness bound or backpressure;
+- each core's idle share over the timed steps, from /proc/stat.
+
+`async_efficiency` = (the busier pool's busy seconds per step: the trainer's step minus its wait,
+or the engine's generating time) / (async step); `trainer_wait_share` = wait / step;
+`rollout_blocked_share` = producer blocked / step; `speedup` = colocated step / async step. Shares
+are of the timed steps' means (the rollout pool's seconds are read once a producer round, so a
+single step's can be a round late; their sum over the timed steps is exact up to one round).
+
     .venv/bin/python benchmarks/async_vs_colocated.py [--num-steps 20]
 
-Prints one final JSON line: colocated_step_s, async_step_s (medians, first step excluded),
-speedup, colocated_reward, async_reward (mean training reward of the last 5 steps).
+Prints one JSON line per mode, then one final JSON line.
 """
 
 from __future__ import annotations
@@ -20,27 +32,61 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from step_time import IdleWatch  # this folder: the script's own
+
 from rlactors.config import load_config
 from rlactors.models import build_tiny_model
 from rlactors.pipelines import run_pipeline
 
 HERE = Path(__file__).resolve().parent
+NUM_WARMUP_STEPS = 2
+TRAINER_PHASES = ("assemble", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "weight_sync")
+ROLLOUT_STATES = ("generating", "paused", "idle", "blocked")
 
 
-def run_mode(mode: str, model_path: Path, output_dir: Path, num_steps: int) -> list[dict]:
+def overrides(mode: str, model_path: Path, output_dir: Path, num_steps: int) -> list[str]:
     common = [
         f"model.path={model_path}", "model.preset=small", "data.task=arithmetic", "data.num_train_rows=2000",
         "data.num_val_rows=32", "rollout.max_model_len=64", "rollout.sampling.num_samples_per_prompt=8",
         "rollout.sampling.max_response_tokens=16", "rollout.validation_sampling.max_response_tokens=16",
         f"reward.custom_function={HERE / 'digit_reward.py'}:compute_score",
         "trainer.optim.lr=5e-4", f"pipeline.num_steps={num_steps}", "pipeline.batch_size_prompts=16",
-        "pipeline.val_every_steps=0", f"pipeline.output_dir={output_dir / mode}", "pipeline.resume=never",
+        "pipeline.val_every_steps=0", f"pipeline.output_dir={output_dir}", "pipeline.resume=never",
         f"pipeline.mode={mode}",
     ]
     if mode == "async":
         common += ["buffer.staleness_threshold=1.0", "buffer.max_staleness=1", "rollout.partial_rollout=true",
                    "algorithm.rollout_correction.importance_level=token", "rollout.cpu_cores=[0]", "trainer.cpu_cores=[1]"]
-    return run_pipeline(load_config(None, common))
+    return common
+
+
+def mean_of(history: list[dict], key: str) -> float:
+    return statistics.mean(h.get(key, 0.0) for h in history)
+
+
+def run_mode(mode: str, model_path: Path, work: Path, num_steps: int) -> dict:
+    output_dir = work / mode
+    watch = IdleWatch(output_dir / "metrics.jsonl", 1 + NUM_WARMUP_STEPS, 1 + num_steps)  # line 1: step 0
+    history = [h for h in run_pipeline(load_config(None, overrides(mode, model_path, output_dir, num_steps)))
+               if h["step"] > 0]
+    timed = history[NUM_WARMUP_STEPS:]
+    step_s = mean_of(timed, "timing_s/step")
+    result = {
+        "step_s": step_s,
+        "step_s_median": statistics.median(h["timing_s/step"] for h in timed),
+        "reward": statistics.mean(h["reward/mean"] for h in history[-5:]),
+        "first_reward": history[0]["reward/mean"],
+        "staleness_max": max(h["staleness/max"] for h in history),
+        "core_idle_shares": watch.shares(),
+        "trainer_phases_s": {phase: round(mean_of(timed, f"timing_s/{phase}"), 4) for phase in TRAINER_PHASES
+                             if mean_of(timed, f"timing_s/{phase}") > 0},
+    }
+    if mode == "async":
+        wait_s = mean_of(timed, "timing_s/gen")
+        rollout = {state: mean_of(timed, f"timing_s/rollout_{state}") for state in ROLLOUT_STATES}
+        result |= {"trainer_busy_s": step_s - wait_s, "trainer_wait_s": wait_s,
+                   "rollout_s": {state: round(seconds, 4) for state, seconds in rollout.items()}}
+    return result
 
 
 def main() -> None:
@@ -51,20 +97,24 @@ def main() -> None:
     model_path = build_tiny_model(work / "model", "small", seed=0)
     results = {}
     for mode in ("colocated", "async"):
-        history = [h for h in run_mode(mode, model_path, work, args.num_steps) if h["step"] > 0]
-        results[mode] = {
-            "step_s": statistics.median(h["timing_s/step"] for h in history[1:]),
-            "reward": statistics.mean(h["reward/mean"] for h in history[-5:]),
-            "first_reward": history[0]["reward/mean"],
-            "staleness_max": max(h["staleness/max"] for h in history),
-        }
+        results[mode] = run_mode(mode, model_path, work, args.num_steps)
         print(mode, json.dumps(results[mode]), flush=True)
     colocated, fully_async = results["colocated"], results["async"]
+    step_s, generating_s = fully_async["step_s"], fully_async["rollout_s"]["generating"]
+    busier = "trainer" if fully_async["trainer_busy_s"] >= generating_s else "rollout"
     print(json.dumps({
         "num_steps": args.num_steps,
         "colocated_step_s": round(colocated["step_s"], 4),
-        "async_step_s": round(fully_async["step_s"], 4),
-        "speedup": round(colocated["step_s"] / fully_async["step_s"], 3),
+        "async_step_s": round(step_s, 4),
+        "speedup": round(colocated["step_s"] / step_s, 3),
+        "async_efficiency": round(max(fully_async["trainer_busy_s"], generating_s) / step_s, 3),
+        "busier_pool": busier,
+        "trainer_wait_share": round(fully_async["trainer_wait_s"] / step_s, 3),
+        "rollout_blocked_share": round(fully_async["rollout_s"]["blocked"] / step_s, 3),
+        "trainer_busy_s": round(fully_async["trainer_busy_s"], 4),
+        "rollout_s": fully_async["rollout_s"],
+        "trainer_phases_s": fully_async["trainer_phases_s"],
+        "async_core_idle_shares": fully_async["core_idle_shares"],
         "colocated_reward": round(colocated["reward"], 4),
         "async_reward": round(fully_async["reward"], 4),
         "colocated_first_reward": round(colocated["first_reward"], 4),

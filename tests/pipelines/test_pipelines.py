@@ -204,6 +204,13 @@ def test_async_with_staleness_and_partial_rollouts_keeps_the_bound(warm_actors, 
         "buffer.staleness_threshold=1.0", "algorithm.rollout_correction.importance_level=token"), warm=warm_actors)
     assert len(history) == 4
     assert max(h["staleness/max"] for h in history[1:]) <= 1
+    # Where the rollout side's time went, step by step: the engine generated, paused for each
+    # publish, and its clock never counts more time than the steps took (it is read a round late).
+    spent = {state: sum(h[f"timing_s/rollout_{state}"] for h in history[1:])
+             for state in ("generating", "paused", "idle", "blocked")}
+    assert spent["generating"] > 0 and spent["paused"] > 0, spent
+    engine_s = spent["generating"] + spent["paused"] + spent["idle"]
+    assert engine_s <= sum(h["timing_s/step"] for h in history[1:]) + 1.0, spent
 
 
 @pytest.mark.slow  # the per-token guarantee is in make test at the engine (rollout/test_engine.py, partial rollout)

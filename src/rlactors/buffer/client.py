@@ -94,6 +94,10 @@ class BufferClient:
     def metrics(self) -> dict[str, float]:
         return self._ask("metrics")
 
+    def num_pending(self) -> int:
+        """Prompts added and not yet handed out to a producer (`metrics()["num_pending"]`)."""
+        return int(self.metrics()["num_pending"])
+
     def ledger(self, epoch: int | None = None) -> list[dict]:
         return self._ask("ledger", epoch)
 

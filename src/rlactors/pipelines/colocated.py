@@ -39,7 +39,7 @@ def fill_batch(run: Run, batch_size: int):
     The buffer is asked without a wait: nothing generates while this driver asks, so what it
     lacks now it lacks until the next `produce`."""
     while (sampled := run.buffer.sample(batch_size, run.policy_version, timeout_s=0.0)) is None:
-        pending = run.buffer.metrics()["num_pending"]
+        pending = run.buffer.num_pending()
         if pending < batch_size:
             feed_prompts(run, batch_size - pending)
         produce(run, batch_size)

@@ -65,6 +65,12 @@ def produce(run: Run, max_groups: int, producer_id: str = "driver", timeout_s: f
     requests = run.buffer.reserve(max_groups, producer_id, timeout_s)
     if not requests:  # None under backpressure: the producers are as far ahead as the staleness bound allows
         return 0
+    return generate_and_put(run, requests)
+
+
+def generate_and_put(run: Run, requests: list[PromptRequest]) -> int:
+    """Generate the reserved `requests`, score each group as it arrives and put it in the buffer;
+    returns once every put landed. Returns the number of groups."""
     puts = run.buffer.put_refs([run.reward.score(group_ref) for _, group_ref in run.router.generate_refs(requests)])
     num_samples = run.config.rollout.sampling.num_samples_per_prompt
     get_within(puts, scoring_bound_s(run.config, len(puts), num_samples), "replay_buffer.put of scored groups")

@@ -28,17 +28,24 @@ from rlactors.pipelines.common import (
     end_step,
     feed_prompts,
     finish,
+    generate_and_put,
     prepare_batch,
-    produce,
     sync_weights,
     update,
 )
 from rlactors.pipelines.warm import WarmActors
+from rlactors.runtime.state_clock import StateClock
 
 
 class Producer(threading.Thread):
     """Driver-side rollout loop: reserve -> generate -> score -> put, at most `quota` groups per
-    published policy version. Errors are kept in `error` for the trainer loop to raise."""
+    published policy version. Errors are kept in `error` for the trainer loop to raise.
+
+    Where the rollout side's time goes, for the step metrics (`time_metrics`): this thread is
+    `blocked` while the staleness bound (the quota, the buffer's backpressure) lets it reserve
+    nothing, else `working`; after each round it reads the engines' own clocks (generating, paused
+    for a weight update, idle; `RolloutRouter.time_s`). It feeds the buffer before every
+    reservation, so the engines never wait for lack of prompts."""
 
     def __init__(self, run: Run):
         super().__init__(name="rollout-producer", daemon=True)
@@ -51,6 +58,14 @@ class Producer(threading.Thread):
         self.published_version = run.policy_version
         self.stopping = threading.Event()
         self.error: BaseException | None = None
+        self.clock = StateClock(("working", "blocked"), "working")
+        self.engine_time_s: dict[str, float] = {}  # the engines' clocks as last read (this thread writes it)
+        self._reported: dict[str, float] = {}  # what `time_metrics` last reported (the trainer thread's)
+
+    def start(self) -> None:
+        self.engine_time_s = self.run_state.router.time_s()
+        self.time_metrics()  # the baseline: each step reports the time since the one before
+        super().start()
 
     def on_published(self, policy_version: int) -> None:
         """Called by the trainer loop once the engines hold `policy_version`."""
@@ -66,15 +81,32 @@ class Producer(threading.Thread):
                     if self.published_version != version:
                         version, produced = self.published_version, 0
                     if produced >= self.quota:
+                        self.clock.switch("blocked")
                         self.published.wait(timeout=0.5)
                         continue
-                pending = run.buffer.metrics()["num_pending"]
+                self.clock.switch("working")
+                pending = run.buffer.num_pending()
                 if pending < self.batch_size:
                     feed_prompts(run, self.batch_size - pending)  # cursor and buffer move together (its lock)
-                # 0 under backpressure (the buffer is full): look at `stopping` and try again
-                produced += produce(run, min(self.batch_size, self.quota - produced), "producer", timeout_s=0.5)
+                self.clock.switch("blocked")
+                requests = run.buffer.reserve(min(self.batch_size, self.quota - produced), "producer", timeout_s=0.5)
+                self.clock.switch("working")
+                if requests:  # None under backpressure (the buffer is full): look at `stopping` and try again
+                    produced += generate_and_put(run, requests)
+                self.engine_time_s = run.router.time_s()
         except BaseException as error:  # noqa: BLE001 - surfaced by the trainer loop
             self.error = error
+
+    def time_metrics(self) -> dict[str, float]:
+        """Seconds since the last call (the trainer loop calls it once a step): the engines
+        generating, paused and idle (their mean, as last read: a round late at most) and this thread
+        blocked, as `timing_s/rollout_<state>`."""
+        now = {f"rollout_{state}": seconds for state, seconds in self.engine_time_s.items()}
+        now["rollout_blocked"] = self.clock.seconds()["blocked"]
+        # max(0, ...): a replica Ray restarted starts its clock again
+        metrics = {f"timing_s/{name}": max(seconds - self._reported.get(name, 0.0), 0.0) for name, seconds in now.items()}
+        self._reported = now
+        return metrics
 
 
 def next_batch(run: Run, producer: Producer):
@@ -109,6 +141,7 @@ def run_fully_async(config: Config, model_path: str | None = None,
                 metrics |= sync_weights(run)
                 producer.on_published(run.policy_version)
             timings = {"step": time.perf_counter() - start, "gen": waited - start, "update": updated - waited}
+            metrics |= producer.time_metrics()
             history.append(end_step(run, logger, sampled, metrics, timings))
         producer.stopping.set()
         finish(run, logger)
