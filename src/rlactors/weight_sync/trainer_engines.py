@@ -51,18 +51,29 @@ class ObjectStoreInitInfo(TrainerInitInfo):
 
 class Pipeline:
     """At most one update in flight: `submit` waits for the previous one (raising its error) before
-    sending the next, so the caller can prepare bucket k + 1 while the engines load bucket k."""
+    sending the next, so the caller can prepare bucket k + 1 while the engines load bucket k.
+    `start` (the engines' `start_weight_update`, which pauses their generation) runs once, at the
+    first `submit` or `wait`: the first bucket is gathered and packed while the engines still
+    generate, so they pause for the loads, not for the gathers too (a model of one bucket: only
+    for its load)."""
 
-    def __init__(self, send):
-        self._send = send
+    def __init__(self, send, start=None):
+        self._send, self._start = send, start
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-sync")
         self._pending: Future | None = None
 
+    def _started(self) -> None:
+        start, self._start = self._start, None
+        if start is not None:
+            start()
+
     def submit(self, update_info: dict) -> None:
+        self._started()
         self.wait()
         self._pending = self._executor.submit(self._send, update_info)
 
     def wait(self) -> None:
+        self._started()  # a sync with nothing to send still opens (and then closes) the update
         pending, self._pending = self._pending, None
         if pending is not None:
             pending.result()
@@ -117,10 +128,9 @@ class _BucketedEngine(TrainerWeightTransferEngine):
                 pass
             return
         self.sent_digests = {}
-        pipeline = Pipeline(self.client.update_weights)
+        pipeline = Pipeline(self.client.update_weights, start=self.client.start_weight_update)
         gathered = self._gathered()
         try:
-            self.client.start_weight_update()
             self._send_buckets(pipeline, gathered)
             pipeline.wait()
         except BaseException:
