@@ -74,7 +74,9 @@ def test_stale_groups_are_evicted_and_their_prompts_reissued_first():
     core.add_prompts(prompts(4))
     requests = core.reserve(2, "a")
     core.put([make_group(requests[0], 0), make_group(requests[1], 1)])
-    assert core.sample(1, current_version=2).groups[0].prompt_id == "p1"  # p0 is 2 versions old
+    batch = core.sample(1, current_version=2)
+    assert batch.groups[0].prompt_id == "p1"  # p0 is 2 versions old
+    assert batch.num_evicted_stale == 1 and batch.num_dropped["stale"] == 0  # evicted, not dropped: re-issued
     assert status_of(core, "p0").status == "pending" and status_of(core, "p0").num_evictions == 1
     assert core.event_log()[-1] == dict(kind="evicted_stale", epoch=0, prompt_id="p0", group_id="p0#0.0",
                                         policy_version=2, staleness=2, reason="")
@@ -82,6 +84,9 @@ def test_stale_groups_are_evicted_and_their_prompts_reissued_first():
     assert [(r.prompt_id, r.group_id) for r in again] == [("p0", "p0#0.1")]  # before fresh p2
     assert core.put([make_group(requests[0], 2)]) == outcome(superseded=1)  # the old attempt, late
     assert core.metrics()["num_put_superseded"] == 1
+    core.ack(batch.batch_id)
+    core.put([make_group(again[0], 2)])
+    assert core.sample(1, current_version=2).num_evicted_stale == 0  # counted with one batch only
 
 
 def test_on_stale_drop_and_reissue_limit_record_the_reason():

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import threading
 import time
 
 import pytest
@@ -82,20 +83,22 @@ def _pid_once_back(engine, timeout_s: float = 300.0) -> int:
 
 def test_engine_sigkilled_mid_step_in_async_mode_with_partial_rollouts(ray_session, tmp_path, tiny_model_dir,
                                                                        monkeypatch):
-    """Killed as the first weight sync completes, with the producer generating under the new
-    weights (at the sync itself it is at its quota, with nothing in flight); the next sync comes
-    while the actor restarts, so the trainer thread publishes while the producer thread's streams
-    fail and wait for the revival."""
+    """Killed right after the first weight sync, once the producer generates under the new weights
+    (at the sync itself the buffer is full, with nothing in flight; the trainer's ack after the
+    publish makes room); the next sync comes while the actor restarts, so the trainer thread
+    publishes while the producer thread's streams fail and wait for the revival."""
     from rlactors.pipelines.fully_async import Producer
 
     routers = _capture_routers(monkeypatch)
     on_published = Producer.on_published
-    killed, later_pids = [], []
+    killed, later_pids, killers = [], [], []
 
     def on_published_then_engine_killed(producer, policy_version):
         on_published(producer, policy_version)
-        if policy_version == 1:
-            killed.append(_sigkill_engine(routers[0], must_be_generating=True))
+        if policy_version == 1:  # from another thread: the generation it waits for starts after the ack
+            killers.append(threading.Thread(
+                target=lambda: killed.append(_sigkill_engine(routers[0], must_be_generating=True))))
+            killers[-1].start()
         elif policy_version > 1:
             later_pids.append(_pid_once_back(routers[0].engines[0]))
 
@@ -104,6 +107,8 @@ def test_engine_sigkilled_mid_step_in_async_mode_with_partial_rollouts(ray_sessi
     config = _config(tmp_path, tiny_model_dir, "pipeline.mode=async", "rollout.partial_rollout=true",
                      "buffer.max_staleness=1", "buffer.staleness_threshold=1.0", "algorithm.rollout_correction.importance_level=token")
     history = run_pipeline(config)
+    for killer in killers:
+        killer.join(timeout=IN_FLIGHT_WAIT_S)
 
     assert killed, "the engine was never killed"
     router = routers[0]

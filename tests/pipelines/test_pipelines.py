@@ -200,10 +200,13 @@ def test_async_equals_colocated_when_strictly_on_policy(first, warm_actors, tmp_
 
 def test_async_with_staleness_and_partial_rollouts_keeps_the_bound(warm_actors, tmp_path, tiny_model_dir):
     history = run_pipeline(tiny_config(
-        tmp_path, tiny_model_dir, *ASYNC, "pipeline.num_steps=3", "buffer.max_staleness=1",
+        tmp_path, tiny_model_dir, *ASYNC, "pipeline.num_steps=4", "buffer.max_staleness=1",
         "buffer.staleness_threshold=1.0", "algorithm.rollout_correction.importance_level=token"), warm=warm_actors)
-    assert len(history) == 4
+    assert len(history) == 5
     assert max(h["staleness/max"] for h in history[1:]) <= 1
+    # The trainer acks a batch after publishing the weights it trained: what the producer starts in
+    # the room the ack frees is generated under them, so no group goes stale waiting in the queue.
+    assert sum(h["buffer/num_evicted_stale"] for h in history[1:]) == 0
     # Where the rollout side's time went, step by step: the engine generated, paused for each
     # publish, and its clock never counts more time than the steps took (it is read a round late).
     spent = {state: sum(h[f"timing_s/rollout_{state}"] for h in history[1:])

@@ -94,6 +94,7 @@ class BufferCore:
         self.num_unacked_groups = 0
         self.epochs = EpochBook()  # per-epoch memory of rows that left `entries` (rlactors.buffer.epochs)
         self.drops_since_batch: Counter[str] = Counter()  # by DROP_KINDS, reported with the next batch
+        self.num_evicted_since_batch = 0  # reported with the next batch, like the drops
         self.last_rollout_error = ""
         self.counters: Counter[str] = Counter()
         self.trained_staleness: Counter[int] = Counter()
@@ -281,9 +282,9 @@ class BufferCore:
         batch = SampledBatch(
             self.next_batch_id, current_version, [item.group for item in items],
             [current_version - item.oldest_policy_version for item in items], [item.epoch for item in items],
-            {kind: self.drops_since_batch[kind] for kind in DROP_KINDS},
+            {kind: self.drops_since_batch[kind] for kind in DROP_KINDS}, self.num_evicted_since_batch,
         )
-        self.drops_since_batch = Counter()
+        self.drops_since_batch, self.num_evicted_since_batch = Counter(), 0
         for item in items:
             entry = self.entries[(item.epoch, item.group.prompt_id)]
             entry.status, entry.batch_id = "sampled", batch.batch_id
@@ -342,6 +343,7 @@ class BufferCore:
         entry = self.entries[key]
         entry.num_evictions += 1
         self.counters["num_evicted_stale"] += 1
+        self.num_evicted_since_batch += 1
         self._event("evicted_stale", key, group_id, staleness=staleness)
         if self.on_stale == "reissue" and entry.num_evictions <= self.max_reissues:
             entry.status = "pending"

@@ -73,6 +73,7 @@ class SampledBatch:
     staleness: list[int] = field(default_factory=list)  # per group
     epochs: list[int] = field(default_factory=list)  # per group: the epoch whose prompt it answers
     num_dropped: dict[str, int] = field(default_factory=dict)  # by DROP_KINDS: drops since the previous batch
+    num_evicted_stale: int = 0  # groups evicted as too stale since the previous batch (their generation wasted)
 
 
 @dataclass
@@ -95,6 +96,7 @@ class SampledBatchRef:
     num_score_errors: int = 0
     first_score_error: str | None = None  # the batch's first Sample.score_error: what a scoring stop names
     num_dropped: dict[str, int] = field(default_factory=dict)  # by DROP_KINDS: drops since the previous batch
+    num_evicted_stale: int = 0  # groups evicted as too stale since the previous batch (re-issued or dropped)
     # Per sample, for multi-turn metrics: response tokens the model wrote (the rest are observations).
     num_model_tokens: list[int] = field(default_factory=list)
     num_turns: list[int] = field(default_factory=list)
@@ -114,7 +116,7 @@ def describe_batch(batch: SampledBatch, groups_ref: Any) -> SampledBatchRef:
         sum(s.score_error is not None for s in samples),
         next((s.score_error for s in samples if s.score_error is not None), None), dict(batch.num_dropped),
         num_model_tokens=[s.num_model_tokens for s in samples], num_turns=[s.num_turns for s in samples],
-        num_tool_calls=[s.num_tool_calls for s in samples],
+        num_tool_calls=[s.num_tool_calls for s in samples], num_evicted_stale=batch.num_evicted_stale,
     )
 
 

@@ -193,11 +193,12 @@ def sync_weights(run: Run) -> dict[str, float]:
 
 
 def rollout_metrics(sampled: SampledBatchRef, max_response_tokens: int) -> dict[str, float]:
-    """Reward, length and staleness metrics of a sampled batch, from the numbers the buffer sent,
-    and the prompts the buffer dropped since the previous batch, by kind (rollout_error,
-    zero_variance, stale). `response_length/*` count every response token; `response/*` split
-    them into the model's and observations (multi-turn tool or environment output), and
-    `episode/*` count turns and tool calls per sample."""
+    """Reward, length and staleness metrics of a sampled batch, from the numbers the buffer sent;
+    the prompts the buffer dropped since the previous batch, by kind (rollout_error,
+    zero_variance, stale), and the groups it evicted as too stale (generation thrown away).
+    `response_length/*` count every response token; `response/*` split them into the model's and
+    observations (multi-turn tool or environment output), and `episode/*` count turns and tool
+    calls per sample."""
     lengths = np.array(sampled.response_lengths, dtype=float)
     # A SampledBatchRef built without the per-sample counts (older callers) reads as single-turn.
     model_tokens = np.array(sampled.num_model_tokens or sampled.response_lengths, dtype=float)
@@ -217,6 +218,7 @@ def rollout_metrics(sampled: SampledBatchRef, max_response_tokens: int) -> dict[
         "staleness/mean": float(np.mean(staleness)) if staleness else 0.0,
         "staleness/max": float(max(staleness)) if staleness else 0.0,
         **{f"buffer/num_dropped_{kind}": float(count) for kind, count in sampled.num_dropped.items()},
+        "buffer/num_evicted_stale": float(sampled.num_evicted_stale),
     }
     if accuracy:
         metrics["reward/acc"] = float(np.mean(accuracy))

@@ -135,11 +135,15 @@ def run_fully_async(config: Config, model_path: str | None = None,
             waited = time.perf_counter()
             batch, metrics = prepare_batch(run, sampled)
             metrics |= update(run, batch)
-            run.buffer.ack(sampled.batch_id)
             updated = time.perf_counter()
             if (run.step + 1) % config.pipeline.trigger_parameter_sync_step == 0:
                 metrics |= sync_weights(run)
                 producer.on_published(run.policy_version)
+            # Acked after the publish: the ack frees the batch's room in the buffer, and what the
+            # producer starts in it must start under the new weights. Started before the sync, a
+            # group's first tokens would carry the old version: one version staler than the rest
+            # of the next batch, which with max_staleness 1 gets it evicted and generated again.
+            run.buffer.ack(sampled.batch_id)
             timings = {"step": time.perf_counter() - start, "gen": waited - start, "update": updated - waited}
             metrics |= producer.time_metrics()
             history.append(end_step(run, logger, sampled, metrics, timings))
