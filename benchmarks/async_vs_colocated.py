@@ -15,11 +15,13 @@ In the async run, per timed step (the first `NUM_WARMUP_STEPS` are not timed), f
 
 `async_efficiency` = (the busier pool's busy seconds per step: the trainer's step minus its wait,
 or the engine's generating time) / (async step); `trainer_wait_share` = wait / step;
-`rollout_blocked_share` = producer blocked / step; `speedup` = colocated step / async step. Shares
+`rollout_blocked_share` = producer blocked / step; `rollout_efficiency` = generating / (the
+engine's time less what the producer was blocked): the rollout side's own bubbles, which bound
+`async_efficiency` where the rollout pool is the busier; `speedup` = colocated step / async step. Shares
 are of the timed steps' means (the rollout pool's seconds are read once a producer round, so a
 single step's can be a round late; their sum over the timed steps is exact up to one round).
 
-    .venv/bin/python benchmarks/async_vs_colocated.py [--num-steps 20]
+    .venv/bin/python benchmarks/async_vs_colocated.py [--num-steps 20] [--max-response-tokens 16]
 
 Prints one JSON line per mode, then one final JSON line.
 """
@@ -44,11 +46,12 @@ TRAINER_PHASES = ("assemble", "old_log_prob", "ref", "values", "adv", "update_cr
 ROLLOUT_STATES = ("generating", "paused", "idle", "blocked")
 
 
-def overrides(mode: str, model_path: Path, output_dir: Path, num_steps: int) -> list[str]:
+def overrides(mode: str, model_path: Path, output_dir: Path, num_steps: int, max_response_tokens: int) -> list[str]:
     common = [
         f"model.path={model_path}", "model.preset=small", "data.task=arithmetic", "data.num_train_rows=2000",
-        "data.num_val_rows=32", "rollout.max_model_len=64", "rollout.sampling.num_samples_per_prompt=8",
-        "rollout.sampling.max_response_tokens=16", "rollout.validation_sampling.max_response_tokens=16",
+        "data.num_val_rows=32", f"rollout.max_model_len={48 + max_response_tokens}",
+        "rollout.sampling.num_samples_per_prompt=8", f"rollout.sampling.max_response_tokens={max_response_tokens}",
+        f"rollout.validation_sampling.max_response_tokens={max_response_tokens}",
         f"reward.custom_function={HERE / 'digit_reward.py'}:compute_score",
         "trainer.optim.lr=5e-4", f"pipeline.num_steps={num_steps}", "pipeline.batch_size_prompts=16",
         "pipeline.val_every_steps=0", f"pipeline.output_dir={output_dir}", "pipeline.resume=never",
@@ -64,11 +67,11 @@ def mean_of(history: list[dict], key: str) -> float:
     return statistics.mean(h.get(key, 0.0) for h in history)
 
 
-def run_mode(mode: str, model_path: Path, work: Path, num_steps: int) -> dict:
+def run_mode(mode: str, model_path: Path, work: Path, num_steps: int, max_response_tokens: int) -> dict:
     output_dir = work / mode
     watch = IdleWatch(output_dir / "metrics.jsonl", 1 + NUM_WARMUP_STEPS, 1 + num_steps)  # line 1: step 0
-    history = [h for h in run_pipeline(load_config(None, overrides(mode, model_path, output_dir, num_steps)))
-               if h["step"] > 0]
+    config = load_config(None, overrides(mode, model_path, output_dir, num_steps, max_response_tokens))
+    history = [h for h in run_pipeline(config) if h["step"] > 0]
     timed = history[NUM_WARMUP_STEPS:]
     step_s = mean_of(timed, "timing_s/step")
     result = {
@@ -89,27 +92,39 @@ def run_mode(mode: str, model_path: Path, work: Path, num_steps: int) -> dict:
     return result
 
 
+def rollout_efficiency(rollout_s: dict[str, float]) -> float:
+    """The engine's generating share of the time the staleness bound did not block it: what
+    `async_efficiency` would be were the rollout pool the busier one (its own bubbles: paused for
+    weight syncs, idle between producer rounds)."""
+    unblocked_s = rollout_s["generating"] + rollout_s["paused"] + max(rollout_s["idle"] - rollout_s["blocked"], 0.0)
+    return rollout_s["generating"] / max(unblocked_s, 1e-9)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--num-steps", type=int, default=20)
+    parser.add_argument("--max-response-tokens", type=int, default=16,
+                        help="the responses' length cap (the trainer is the busier pool here at 16 and at 64)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="async_vs_colocated_"))
     model_path = build_tiny_model(work / "model", "small", seed=0)
     results = {}
     for mode in ("colocated", "async"):
-        results[mode] = run_mode(mode, model_path, work, args.num_steps)
+        results[mode] = run_mode(mode, model_path, work, args.num_steps, args.max_response_tokens)
         print(mode, json.dumps(results[mode]), flush=True)
     colocated, fully_async = results["colocated"], results["async"]
     step_s, generating_s = fully_async["step_s"], fully_async["rollout_s"]["generating"]
     busier = "trainer" if fully_async["trainer_busy_s"] >= generating_s else "rollout"
     print(json.dumps({
         "num_steps": args.num_steps,
+        "max_response_tokens": args.max_response_tokens,
         "colocated_step_s": round(colocated["step_s"], 4),
         "async_step_s": round(step_s, 4),
         "speedup": round(colocated["step_s"] / step_s, 3),
         "async_efficiency": round(max(fully_async["trainer_busy_s"], generating_s) / step_s, 3),
         "busier_pool": busier,
         "trainer_wait_share": round(fully_async["trainer_wait_s"] / step_s, 3),
+        "rollout_efficiency": round(rollout_efficiency(fully_async["rollout_s"]), 3),
         "rollout_blocked_share": round(fully_async["rollout_s"]["blocked"] / step_s, 3),
         "trainer_busy_s": round(fully_async["trainer_busy_s"], 4),
         "rollout_s": fully_async["rollout_s"],

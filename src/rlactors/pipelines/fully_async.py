@@ -8,6 +8,13 @@ policy version, as veRL's rollouter does; and the buffer never hands out a group
 Weights are published every `trigger_parameter_sync_step` updates; with `rollout.partial_rollout`
 the engines interrupt in-flight responses at the sync and continue them with the new weights.
 With max_staleness=0, staleness_threshold=0 and trigger 1 this trains exactly like colocated.
+The trainer acks a batch after publishing the weights it trained: the room the ack frees in the
+buffer is then generated under those weights, never under the old ones just before the sync
+(whose groups would be a version staler than the rest, and with max_staleness 1 evicted).
+
+Where each pool's time goes is in every step's metrics: the trainer's phases and its wait for a
+batch (`timing_s/gen`), and the rollout side's `timing_s/rollout_generating|paused|idle|blocked`
+(`Producer.time_metrics`; `benchmarks/async_vs_colocated.py` turns them into shares).
 
 Checkpoints are taken by the trainer loop while the producer keeps generating: the producer feeds
 prompts under `PromptDataset.lock` (cursor advance and `add_prompts` as one step), and the
