@@ -46,6 +46,15 @@ def tiny_model_dir(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", preset="tiny", seed=0)
 
 
+@pytest.fixture(scope="session")
+def tiny_moe_model_dir(tmp_path_factory):
+    """A `tiny` Qwen3-MoE model folder (8 experts, 2 routed per token) built once per test session."""
+    from rlactors.models import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny_moe", preset="tiny", seed=0,
+                            architecture="qwen3_moe")
+
+
 @pytest.fixture(scope="module")
 def reference(tiny_model_dir):
     """The transformers model holding the same weights as the module's engine, and its tokenizer
@@ -236,6 +245,7 @@ def send_weights(engine, model, policy_version, transport="shm", verify=True):
     """Send the transformers model's weights to the engine (a RolloutEngine, or a router) over
     `transport`, in buckets of half the model, through vLLM's weight-transfer API; returns the
     sync's figures and the bytes sent."""
+    from rlactors.models.moe import checkpoint_layout
     from rlactors.weight_sync.choice import WeightSyncSettings
     from rlactors.weight_sync.sender import WeightSender
 
@@ -247,7 +257,8 @@ def send_weights(engine, model, policy_version, transport="shm", verify=True):
     if hasattr(engine, "engines"):
         return engine.update_weights(state, policy_version, transport, bucket_bytes, verify=verify), total_bytes
     settings = WeightSyncSettings(transport, bucket_bytes, None, call_timeout_s=300.0, verify=verify)
-    stats = WeightSender(rank=0).send(lambda: iter(state), {0: (engine, 0)}, policy_version, settings)
+    stats = WeightSender(rank=0).send(lambda: iter(state), {0: (engine, 0)}, policy_version, settings,
+                                      split=checkpoint_layout(model))
     assert stats["num_buckets"] >= 2 and not stats["failed"]
     return stats, total_bytes
 

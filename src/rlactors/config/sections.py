@@ -34,8 +34,9 @@ class ModelConfig(Section):
         "(announced on stdout). Off, a `path` outside pipeline.output_dir without a model is an error, so a "
         "mistyped path never trains a new random model.",
     )
-    architecture: Literal["qwen2", "qwen3"] = Field(
-        "qwen2", description="Architecture of a model built from `preset`."
+    architecture: Literal["qwen2", "qwen3", "qwen3_moe"] = Field(
+        "qwen2", description="Architecture of a model built from `preset`: qwen3_moe gives every layer 8 experts, "
+        "2 routed per token (see rlactors.models.MOE_SIZES).",
     )
     seed: int = Field(0, description="Seed of the random init of a model built from `preset`.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(

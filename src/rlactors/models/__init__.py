@@ -2,12 +2,14 @@
 and is the one loading path for every model folder, tiny or real (everything it exports is here)."""
 
 from rlactors.models.folders import (
+    ARCHITECTURES,
     BUILD_STAMP,
     CHAT_TEMPLATE,
     EOS_TOKEN,
     HOW_TO_GET_A_MODEL,
     IM_END,
     IM_START,
+    MOE_SIZES,
     PAD_TOKEN,
     PRESETS,
     SPECIAL_TOKENS,
@@ -26,12 +28,14 @@ from rlactors.models.folders import (
 )
 
 __all__ = [
+    "ARCHITECTURES",
     "BUILD_STAMP",
     "CHAT_TEMPLATE",
     "EOS_TOKEN",
     "HOW_TO_GET_A_MODEL",
     "IM_END",
     "IM_START",
+    "MOE_SIZES",
     "ModelPathError",
     "PAD_TOKEN",
     "PRESETS",

@@ -1,6 +1,6 @@
 """Tiny model kit and the one loading path for every model folder.
 
-`build_tiny_model(path, preset, seed)` writes a random-init Qwen2/Qwen3 causal LM and a
+`build_tiny_model(path, preset, seed)` writes a random-init Qwen2/Qwen3/Qwen3-MoE causal LM and a
 character-level tokenizer (a real Hugging Face fast tokenizer: `tokenizer.json`, special tokens,
 a chat template) into a local folder that transformers and vLLM both load. A real checkpoint
 (e.g. a local Qwen3-8B folder) goes through the same `load_model` / `load_tokenizer`.
@@ -30,6 +30,11 @@ PRESETS: dict[str, dict[str, int]] = {
     "medium": dict(hidden_size=1024, num_hidden_layers=10, num_attention_heads=16, num_key_value_heads=4,
                    intermediate_size=2816),
 }
+
+# A `qwen3_moe` model of a preset: every layer's MLP becomes 8 experts, 2 routed per token, each
+# half the dense MLP's width (so ~ the dense model's active parameters, ~4x its expert parameters).
+MOE_SIZES: dict[str, int | bool] = dict(num_experts=8, num_experts_per_tok=2, norm_topk_prob=True)
+ARCHITECTURES = ("qwen2", "qwen3", "qwen3_moe")
 
 PAD_TOKEN = "<|pad|>"
 EOS_TOKEN = "<|endoftext|>"
@@ -84,12 +89,16 @@ def build_char_tokenizer():
 
 
 def tiny_model_config(preset: str, architecture: str, vocab_size: int, eos_token_id: int, pad_token_id: int):
-    from transformers import Qwen2Config, Qwen3Config
+    from transformers import Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
     if preset not in PRESETS:
         raise ValueError(f"model preset {preset!r}: allowed values are {sorted(PRESETS)}")
-    config_class = {"qwen2": Qwen2Config, "qwen3": Qwen3Config}[architecture]
-    sizes = PRESETS[preset]
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"model architecture {architecture!r}: allowed values are {list(ARCHITECTURES)}")
+    config_class = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "qwen3_moe": Qwen3MoeConfig}[architecture]
+    sizes = dict(PRESETS[preset])
+    if architecture == "qwen3_moe":
+        sizes |= MOE_SIZES | {"moe_intermediate_size": sizes["intermediate_size"] // 2}
     return config_class(
         vocab_size=vocab_size,
         max_position_embeddings=1024,

@@ -21,6 +21,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from rlactors.config import OptimConfig
+from rlactors.models.moe import checkpoint_layout
 from rlactors.trainer.batch import MicroBatch
 
 ROLES = ("actor", "reference", "critic")
@@ -162,10 +163,12 @@ def unique_state_items(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tens
 def iter_weight_buckets(model: torch.nn.Module, bucket_bytes: int, keep: bool,
                         dtype: torch.dtype | None = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Gather full tensors one at a time, in the same order on every rank (each gather is a
-    collective), and yield buckets of about `bucket_bytes` of CPU tensors where `keep` (rank 0).
-    Ranks with `keep=False` drop each gathered tensor at once and yield nothing; they must still
-    exhaust the iterator. A bucket always holds at least one tensor, so a tensor larger than
-    `bucket_bytes` travels alone."""
+    collective), and yield buckets of about `bucket_bytes` of CPU tensors where `keep` (rank 0),
+    in the checkpoint's names and layout (`rlactors.models.moe.checkpoint_layout`: an MoE layer's
+    fused experts become one tensor per expert). Ranks with `keep=False` drop each gathered tensor
+    at once and yield nothing; they must still exhaust the iterator. A bucket always holds at least
+    one tensor, so a tensor larger than `bucket_bytes` travels alone."""
+    split = checkpoint_layout(model)
     bucket: list[tuple[str, torch.Tensor]] = []
     size_bytes = 0
     for name, tensor in unique_state_items(model):
@@ -173,8 +176,9 @@ def iter_weight_buckets(model: torch.nn.Module, bucket_bytes: int, keep: bool,
         if not keep:
             continue
         whole = whole.to("cpu", dtype=dtype or whole.dtype)
-        bucket.append((name, whole))
-        size_bytes += whole.numel() * whole.element_size()
+        for saved_name, saved in split(name, whole):
+            bucket.append((saved_name, saved))
+            size_bytes += saved.numel() * saved.element_size()
         if size_bytes >= bucket_bytes:
             yield bucket
             bucket, size_bytes = [], 0

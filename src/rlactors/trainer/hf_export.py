@@ -160,10 +160,15 @@ def export_checkpoint(path: str | Path, out: str | Path, model_path: str | Path 
                       dtype: torch.dtype | None = None, shard_bytes: int = SHARD_BYTES) -> Path:
     """Write the actor model of the checkpoint at `path` as a Hugging Face folder at `out`. The
     config and tokenizer come from `model_path`, by default the run's model (its config.yaml)."""
+    from rlactors.models.moe import folder_checkpoint_layout
+
     trainer_dir = trainer_checkpoint_dir(path)
     if model_path is None:
         model_path = run_model_path(trainer_dir)
-    return write_hf_folder(checkpoint_buckets(trainer_dir, shard_bytes), out, model_path, dtype=dtype)
+    split = folder_checkpoint_layout(model_path)  # the trainer saved fused experts; the folder holds one per expert
+    buckets = ([pair for name, tensor in bucket for pair in split(name, tensor)]
+               for bucket in checkpoint_buckets(trainer_dir, shard_bytes))
+    return write_hf_folder(buckets, out, model_path, dtype=dtype)
 
 
 def run_model_path(trainer_dir: Path) -> Path:

@@ -40,6 +40,7 @@ from rlactors.algorithms import (
     value_loss,
 )
 from rlactors.config import AlgorithmConfig, TrainerConfig
+from rlactors.models.moe import checkpoint_layout
 from rlactors.runtime.phases import PhaseLog, memory_figures
 from rlactors.trainer import checkpoint, fsdp, offload, policy_objective, rank_checkpoint, step_metrics
 from rlactors.trainer.batch import MicroBatch, TrainBatch, build_micro_batch, unpad_rows
@@ -322,7 +323,8 @@ class TrainerWorker:
             from rlactors.weight_sync.sender import WeightSender
 
             self.weight_sender = WeightSender(self.rank)
-        stats = self.weight_sender.send(lambda: fsdp.unique_state_items(self.model), engines, policy_version, settings)
+        stats = self.weight_sender.send(lambda: fsdp.unique_state_items(self.model), engines, policy_version, settings,
+                                        split=checkpoint_layout(self.model))
         self.phases.record("export_weights", memory_figures(), num_bytes=(stats or {}).get("weight_bytes", 0))
         return stats
 

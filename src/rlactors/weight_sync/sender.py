@@ -1,7 +1,8 @@
 """`WeightSender`: one trainer rank's side of every weight sync, over any transport.
 
     sender = WeightSender(rank=0)
-    stats = sender.send(lambda: model.state_dict().items(), engines, policy_version=3, settings=settings)
+    stats = sender.send(lambda: model.state_dict().items(), engines, policy_version=3, settings=settings,
+                        split=checkpoint_layout(model))
 
 `engines` maps each replica index to (RolloutEngine handle, incarnation); `settings` is a
 `WeightSyncSettings`. The first sync, and any sync whose engines, incarnations or settings differ
@@ -32,6 +33,7 @@ import time
 
 import torch
 
+from rlactors.models.moe import Split, identity_split
 from rlactors.runtime.phases import peak_extra_bytes, start_peak_memory
 from rlactors.weight_sync.choice import WeightSyncSettings, nccl_world_size
 from rlactors.weight_sync.client import EngineSyncClient, WeightSyncError
@@ -53,7 +55,9 @@ class WeightSender:
         self.num_inits = 0
 
     def send(self, named_tensors, engines: dict[int, tuple[object, int]], policy_version: int,
-             settings: WeightSyncSettings) -> dict | None:
+             settings: WeightSyncSettings, split: Split = identity_split) -> dict | None:
+        """`split`: each whole tensor to the checkpoint tensors vLLM's loader reads
+        (`rlactors.models.moe.checkpoint_layout`; dense models keep their names)."""
         key = (tuple(sorted((index, incarnation) for index, (_, incarnation) in engines.items())), settings)
         if not engines:  # every engine is reviving: each gets the weights when it is back
             return None if self.rank else {"transport": settings.transport, "policy_version": policy_version,
@@ -65,7 +69,7 @@ class WeightSender:
             if key != self._key:
                 self._key = None
                 self._init(named_tensors, {index: handle for index, (handle, _) in engines.items()}, settings,
-                           policy_version)
+                           policy_version, split)
                 self._key = key
             else:
                 self.source.use(named_tensors)  # the trainer engine reads this sync's tensors
@@ -110,7 +114,8 @@ class WeightSender:
             "actor_died": sorted(self.client.actor_died & set(failed)) if self.client is not None else [],
         }
 
-    def _init(self, named_tensors, handles: dict, settings: WeightSyncSettings, policy_version: int) -> None:
+    def _init(self, named_tensors, handles: dict, settings: WeightSyncSettings, policy_version: int,
+              split: Split) -> None:
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
         register_trainer_engines()
@@ -125,7 +130,7 @@ class WeightSender:
         self.shutdown()
         self.client = None
         dtype = settings.dtype or engine_dtype(handles, settings.call_timeout_s)
-        self.source = NamedTensorSource(named_tensors, getattr(torch, dtype))
+        self.source = NamedTensorSource(named_tensors, getattr(torch, dtype), split)
         self.client = EngineSyncClient(handles, settings.transport, settings.call_timeout_s, settings.workers_per_engine)
         self.client.begin(policy_version)
         self.engine = WeightTransferTrainerFactory.trainer_init(
