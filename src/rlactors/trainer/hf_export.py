@@ -123,7 +123,8 @@ def trainer_checkpoint_dir(path: str | Path) -> Path:
     for candidate in (path, path / "actor"):
         if (candidate / ".metadata").is_file():
             return candidate
-    for root in (path, path / "checkpoints"):
+    # A run's step_N holds the actor's own checkpoint root (actor/latest -> actor/step_N).
+    for root in (path, path / "checkpoints", path / "actor"):
         if (root / checkpoint.LATEST).is_file():
             return trainer_checkpoint_dir(checkpoint.resolve_checkpoint(root))
     raise FileNotFoundError(f"{path}: not a checkpoint (no DCP .metadata in it or in {path / 'actor'}, and no "
@@ -173,12 +174,13 @@ def export_checkpoint(path: str | Path, out: str | Path, model_path: str | Path 
 
 def run_model_path(trainer_dir: Path) -> Path:
     """The model folder named by the config.yaml of the run that wrote `trainer_dir`
-    (output_dir/checkpoints/step_N/actor)."""
+    (output_dir/checkpoints/step_N/actor/step_N, or a trainer's own output_dir/checkpoints/step_N/actor)."""
     import yaml
 
-    run_config = trainer_dir.parents[2] / "config.yaml" if len(trainer_dir.parents) > 2 else None
-    if run_config is None or not run_config.is_file():
-        raise FileNotFoundError(f"{trainer_dir}: no run config.yaml three folders up to name the model; "
+    run_config = next((folder / "config.yaml" for folder in trainer_dir.parents[2:4]
+                       if (folder / "config.yaml").is_file()), None)
+    if run_config is None:
+        raise FileNotFoundError(f"{trainer_dir}: no run config.yaml three or four folders up to name the model; "
                                 "give the model folder (--model)")
     model_path = Path(yaml.safe_load(run_config.read_text())["model"]["path"])
     if not (model_path / "config.json").is_file():
