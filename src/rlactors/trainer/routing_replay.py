@@ -1,0 +1,131 @@
+"""Routing replay: the trainer's MoE layers send each token to the experts the rollout engine chose.
+
+Why: the engine and the trainer can route one token to different experts (other kernels and
+precision, and in async mode weights that moved since the rollout); the importance ratio of that
+token then compares two different networks. With replay, every forward pass of the trainer (old
+logprobs, reference, update) uses the recorded experts, and only their weights come from the
+trainer's router: the gate's softmax over all experts, gathered at the recorded ones (renormalised
+where the model normalises its top-k), so gradients still reach the router.
+
+    replay = RoutingReplay(model)              # finds the routers (transformers' MoE top-k routers)
+    with replay.using(routes, record=True):    # routes: [B, T, num_moe_layers, top_k], -1 = none
+        logits = model(input_ids).logits
+    replay.last.used[layer]                    # [B*T, top_k] experts each token went to, per layer
+    replay.last.own[layer]                     # [B*T, top_k] the experts the trainer's router chose
+
+Rule for a token without recorded routing (its row holds -1, e.g. an observation token of a
+multi-turn episode, padding, a prompt token the engine did not run): the trainer routes it itself,
+and `num_unrecorded` counts it, so the share is reported, never hidden.
+
+Invariant: `routes=None` leaves the model's routing untouched; with routes, `used` equals the
+recorded experts on every recorded token of every layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+UNRECORDED = -1  # a route entry with no recorded expert
+
+
+def find_routers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's top-k routers in layer order: modules with a `weight` of [num_experts, hidden],
+    `top_k` and `num_experts` whose forward returns (router_logits, scores, indices), the contract
+    of transformers' MoE routers (Qwen2/Qwen3-MoE `...TopKRouter`)."""
+    return [module for module in model.modules()
+            if isinstance(getattr(module, "weight", None), torch.Tensor) and hasattr(module, "top_k")
+            and hasattr(module, "num_experts") and type(module).__name__.endswith("TopKRouter")]
+
+
+@dataclass
+class RoutingRecord:
+    """What one forward pass routed, per MoE layer (rows are the flattened [B*T] tokens)."""
+
+    used: list[torch.Tensor] = field(default_factory=list)  # experts each token was sent to
+    own: list[torch.Tensor] = field(default_factory=list)  # the trainer router's own top-k
+    probabilities: list[torch.Tensor] = field(default_factory=list)  # router softmax [B*T, E], detached
+    num_unrecorded: int = 0  # (token, layer) pairs that routed themselves for want of a record
+
+
+class RoutingReplay:
+    def __init__(self, model: torch.nn.Module):
+        self.routers = find_routers(model)
+        self.routes: torch.Tensor | None = None
+        self.record = False
+        self.last = RoutingRecord()
+        for layer, router in enumerate(self.routers):
+            router.register_forward_hook(self._hook(layer))
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.routers)
+
+    @contextmanager
+    def using(self, routes: torch.Tensor | None, record: bool = False) -> Iterator[RoutingRecord]:
+        """Within the block, route by `routes` ([B, T, num_layers, top_k] expert ids, -1 where
+        unrecorded; None: the model's own routing) and, with `record`, keep what was routed."""
+        if routes is not None and (routes.dim() != 4 or routes.shape[2] != self.num_layers):
+            raise ValueError(f"routing replay: routes of shape {tuple(routes.shape)}, expected "
+                             f"[batch, tokens, {self.num_layers} MoE layers, top_k]")
+        self.routes, self.record, self.last = routes, record, RoutingRecord()
+        try:
+            yield self.last
+        finally:
+            self.routes, self.record = None, False
+
+    def _hook(self, layer: int):
+        def hook(router, inputs, output):
+            if self.routes is None and not self.record:
+                return None
+            logits, scores, own = output
+            used, chosen = own, scores
+            if self.routes is not None:
+                recorded = self.routes[:, :, layer, :].reshape(-1, self.routes.shape[-1]).to(own.device)
+                if recorded.shape != own.shape:
+                    raise ValueError(f"routing replay, MoE layer {layer}: {recorded.shape[0]} recorded tokens of "
+                                     f"top-{recorded.shape[1]}, the forward routes {own.shape[0]} of top-{own.shape[1]}")
+                missing = (recorded < 0).any(dim=-1, keepdim=True)
+                used = torch.where(missing, own, recorded.long())
+                chosen = replayed_scores(logits, used, getattr(router, "norm_topk_prob", False)).to(scores.dtype)
+                self.last.num_unrecorded += int(missing.sum())
+            if self.record:
+                self.last.used.append(used.detach())
+                self.last.own.append(own.detach())
+                self.last.probabilities.append(torch.softmax(logits.detach().float(), dim=-1))
+            return logits, chosen, used
+
+        return hook
+
+
+def replayed_scores(router_logits: torch.Tensor, experts: torch.Tensor, normalise: bool) -> torch.Tensor:
+    """The routing weights of `experts` [N, k] under the router's softmax over all experts (fp32),
+    renormalised over the k when the model normalises its top-k: differentiable in the logits."""
+    probabilities = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
+    weights = probabilities.gather(-1, experts)
+    return weights / weights.sum(dim=-1, keepdim=True) if normalise else weights
+
+
+def mismatch_share(used: list[torch.Tensor], own: list[torch.Tensor], valid: torch.Tensor) -> float:
+    """Share of (valid token, layer) pairs whose trainer top-k, as a set, differs from the experts
+    used. `valid` [N] bool marks the tokens that count (recorded, real)."""
+    num_pairs, num_different = 0, 0
+    for layer_used, layer_own in zip(used, own, strict=True):
+        different = (layer_used.sort(dim=-1).values != layer_own.sort(dim=-1).values).any(dim=-1)
+        num_different += int(different[valid].sum())
+        num_pairs += int(valid.sum())
+    return num_different / num_pairs if num_pairs else 0.0
+
+
+def expert_load(used: list[torch.Tensor], num_experts: int, valid: torch.Tensor) -> torch.Tensor:
+    """[num_layers, num_experts]: each expert's share of the valid tokens' routed slots, per layer
+    (each row sums to 1; balanced routing is 1 / num_experts everywhere)."""
+    rows = []
+    for layer_used in used:
+        counts = torch.bincount(layer_used[valid].reshape(-1), minlength=num_experts).float()
+        rows.append(counts / counts.sum().clamp(min=1))
+    return torch.stack(rows) if rows else torch.zeros(0, num_experts)
+

@@ -1,0 +1,99 @@
+"""Routing replay on the tiny Qwen3-MoE, without Ray: the trainer's forward uses exactly the
+recorded experts on every token of every layer, weighs them by its own router (so the router still
+learns), routes unrecorded tokens itself and counts them; and a moved router disagrees with the
+recorded routing on a measurable share, which replay removes."""
+
+import pytest
+import torch
+
+from rlactors.models import load_model
+from rlactors.trainer.routing_replay import UNRECORDED, RoutingReplay, expert_load, mismatch_share
+
+
+@pytest.fixture
+def model(tiny_moe_model_dir):
+    return load_model(tiny_moe_model_dir)
+
+
+def _ids(seed=0, shape=(3, 12)):
+    return torch.randint(4, 200, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _routes(record) -> torch.Tensor:
+    """[B, T, layers, top_k] of a recorded pass over input ids of shape (3, 12)."""
+    return torch.stack(record.used, dim=1).reshape(3, 12, len(record.used), -1)
+
+
+def test_replaying_the_models_own_routing_changes_nothing(model):
+    replay = RoutingReplay(model)
+    assert replay.num_layers == 2
+    ids = _ids()
+    with torch.no_grad():
+        plain = model(ids).logits
+        with replay.using(None, record=True) as record:
+            recorded = model(ids).logits
+        with replay.using(_routes(record), record=True) as replayed_record:
+            replayed = model(ids).logits
+    assert torch.equal(plain, recorded)
+    torch.testing.assert_close(replayed, plain, rtol=0, atol=1e-6)
+    assert replayed_record.num_unrecorded == 0
+    assert mismatch_share(replayed_record.used, replayed_record.own, torch.ones(36, dtype=torch.bool)) == 0.0
+
+
+def test_a_moved_router_disagrees_and_replay_uses_the_recorded_experts_exactly(model):
+    """The engine's routing (recorded under the old weights) against a trainer whose routers moved:
+    without replay a measurable share of (token, layer) pairs goes elsewhere; with replay every
+    token goes exactly where the record says, per layer, and the router still gets a gradient."""
+    replay = RoutingReplay(model)
+    ids = _ids(1)
+    with torch.no_grad(), replay.using(None, record=True) as record:
+        model(ids)
+    routes = _routes(record)
+    with torch.no_grad():
+        for router in replay.routers:
+            router.weight.add_(0.5 * torch.randn(router.weight.shape, generator=torch.Generator().manual_seed(2)))
+    every = torch.ones(36, dtype=torch.bool)
+    with torch.no_grad(), replay.using(None, record=True) as moved:
+        model(ids)
+    assert mismatch_share(record.used, moved.used, every) > 0.2  # measured ~0.5 with this push
+    with replay.using(routes, record=True) as replayed:
+        logits = model(ids).logits
+    for layer in range(replay.num_layers):
+        assert torch.equal(replayed.used[layer], routes[:, :, layer].reshape(36, -1)), layer
+    assert mismatch_share(replayed.used, replayed.own, every) == mismatch_share(record.used, moved.used, every)
+    logits.logsumexp(-1).sum().backward()
+    for router in replay.routers:
+        assert router.weight.grad is not None and router.weight.grad.abs().sum() > 0
+
+
+def test_unrecorded_tokens_route_themselves_and_are_counted(model):
+    replay = RoutingReplay(model)
+    ids = _ids(3)
+    with torch.no_grad(), replay.using(None, record=True) as record:
+        model(ids)
+    routes = _routes(record).clone()
+    pushed = (routes + 1) % 8  # every recorded expert moved by one: differs from the router's own
+    pushed[0, 5:] = UNRECORDED  # e.g. the observation tokens of an episode
+    with torch.no_grad(), replay.using(pushed, record=True) as replayed:
+        model(ids)
+    assert replayed.num_unrecorded == 7 * replay.num_layers
+    for layer in range(replay.num_layers):
+        used, own = replayed.used[layer].reshape(3, 12, -1), replayed.own[layer].reshape(3, 12, -1)
+        assert torch.equal(used[0, 5:], own[0, 5:])  # the router's own choice, in this pass
+        assert torch.equal(used[0, :5], pushed[0, :5, layer]) and torch.equal(used[1:], pushed[1:, :, layer])
+
+
+def test_routes_of_the_wrong_shape_are_refused_naming_it(model):
+    replay = RoutingReplay(model)
+    with pytest.raises(ValueError, match=r"\[batch, tokens, 2 MoE layers, top_k\]"):
+        with replay.using(torch.zeros(3, 12, 5, 2, dtype=torch.long)):
+            pass
+    with pytest.raises(ValueError, match="36 recorded tokens"), torch.no_grad():
+        with replay.using(torch.zeros(3, 12, 2, 2, dtype=torch.long)):
+            model(_ids(shape=(3, 10)))
+
+
+def test_expert_load_is_each_experts_share_of_the_routed_slots():
+    used = [torch.tensor([[0, 1], [0, 2], [3, 0]])]
+    load = expert_load(used, 4, torch.tensor([True, True, False]))
+    torch.testing.assert_close(load, torch.tensor([[0.5, 0.25, 0.25, 0.0]]))
