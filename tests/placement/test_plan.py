@@ -20,6 +20,13 @@ QWEN3_8B = {
     "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
     "vocab_size": 151936, "tie_word_embeddings": False, "max_position_embeddings": 40960,
 }
+QWEN3_30B_A3B = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
+    "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
+    "norm_topk_prob": True, "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
+    "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": False, "max_position_embeddings": 40960,
+}
+MOE_ASYNC = EXAMPLES / "math_grpo_qwen3_30b_a3b_async.yaml"
 
 
 def roles_by_device(plan):
@@ -198,3 +205,19 @@ def test_plan_command_estimates_memory_with_overrides_after_options(tmp_path, ca
     table = plan_in_process(capsys, GSM8K, "--nodes", 1, "--devices-per-node", 8, f"model.path={tmp_path}",
                             "--device-memory-gib", 40)
     assert table.returncode == 2 and "needs about" in table.stdout and "of 40.0 GiB" in table.stdout
+
+
+def test_an_moe_model_counts_every_expert_in_memory_and_its_routed_ones_as_active(tmp_path):
+    """Qwen3-30B-A3B: 30.5B parameters held (FSDP2 shards all experts over the trainer's ranks),
+    3.3B active per token. The example plans fully-async on two 8-GPU nodes of 192 GiB."""
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_30B_A3B))
+    config = load_config(MOE_ASYNC, [f"model.path={tmp_path}"])
+    report = plan_report(config, ClusterShape.uniform(2, 8), device_memory_bytes=192 << 30)
+    assert report["feasible"], report.get("reason")
+    assert 30.4e9 < report["num_parameters"] < 30.6e9 and 3.2e9 < report["num_active_parameters"] < 3.4e9
+    training = [row for row in report["memory"] if "actor_bytes" in row]
+    assert len(training) == 8 and all(row["actor_bytes"] == report["num_parameters"] * 16 // 8 for row in training)
+    assert "30.53B parameters, 3.35B active per token" in format_report(report)
+    check_invariants(make_plan(config, ClusterShape.uniform(2, 8)))
+    # One 8-GPU node cannot hold it: the trainer's ranks and the engines would share devices.
+    assert not plan_report(config, ClusterShape.uniform(1, 8), device_memory_bytes=192 << 30)["feasible"]

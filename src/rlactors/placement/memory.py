@@ -26,7 +26,22 @@ BYTES_PER_PARAMETER = {"actor": 16, "critic": 16, "reference": 4}
 
 def count_parameters(model_path: str | Path) -> int | None:
     """Parameters of the model folder's architecture (tied weights once), or None without a
-    readable config.json. Built on torch's meta device: nothing is allocated or downloaded."""
+    readable config.json. Built on torch's meta device: nothing is allocated or downloaded.
+    An MoE model counts every expert: memory holds them all."""
+    model = _meta_model(model_path)
+    return None if model is None else sum(parameter.numel() for parameter in model.parameters())
+
+
+def count_active_parameters(model_path: str | Path) -> int | None:
+    """Parameters one token passes through (`rlactors.models.moe.active_parameters`): for a
+    dense model all of them, for an MoE model its routed top-k experts and everything else."""
+    from rlactors.models.moe import active_parameters
+
+    model = _meta_model(model_path)
+    return None if model is None else active_parameters(model)
+
+
+def _meta_model(model_path: str | Path):
     config_file = Path(model_path) / "config.json"
     if not config_file.is_file():
         return None
@@ -36,10 +51,9 @@ def count_parameters(model_path: str | Path) -> int | None:
     try:
         model_config = AutoConfig.from_pretrained(str(model_path), local_files_only=True)
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(model_config)
+            return AutoModelForCausalLM.from_config(model_config)
     except (ValueError, KeyError, OSError) as error:
         raise ValueError(f"{config_file}: cannot build the model to count its parameters: {error}") from error
-    return sum(parameter.numel() for parameter in model.parameters())  # shared tensors are yielded once
 
 
 def estimate_memory(plan: ResourcePlan, config, num_parameters: int, device_memory_bytes: int | None = None

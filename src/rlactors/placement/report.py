@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-from rlactors.placement.memory import count_parameters, estimate_memory, memory_verdict
+from rlactors.placement.memory import count_active_parameters, count_parameters, estimate_memory, memory_verdict
 from rlactors.placement.plan import ClusterShape, make_plan
 from rlactors.weight_sync.choice import choose_for_plan
 
@@ -46,9 +46,10 @@ def plan_report(config, cluster: ClusterShape, device_memory_bytes: int | None =
     report = plan.to_dict()
     try:
         num_parameters = count_parameters(config.model.path)
+        num_active_parameters = count_active_parameters(config.model.path)
     except ValueError as error:
-        num_parameters, report["memory_note"] = None, str(error)
-    report["num_parameters"] = num_parameters
+        num_parameters, num_active_parameters, report["memory_note"] = None, None, str(error)
+    report["num_parameters"], report["num_active_parameters"] = num_parameters, num_active_parameters
     report["device_memory_bytes"] = device_memory_bytes
     if num_parameters is None:
         report.setdefault("memory_note", f"no readable {config.model.path}/config.json: memory not estimated")
@@ -84,7 +85,10 @@ def format_report(report: dict) -> str:
         lines.append(f"weight sync: {report['weight_transport']} ({report['weight_transport_reason']})")
     if report.get("memory"):
         size = report["device_memory_bytes"]
-        lines.append(f"memory per device, GiB ({report['num_parameters'] / 1e9:.2f}B parameters; activations not "
+        active = report.get("num_active_parameters") or report["num_parameters"]
+        counts = f"{report['num_parameters'] / 1e9:.2f}B parameters" + (
+            f", {active / 1e9:.2f}B active per token" if active != report["num_parameters"] else "")
+        lines.append(f"memory per device, GiB ({counts}; activations not "
                      f"counted; device size {'%.0f GiB' % (size / GiB) if size else 'unknown: pass --device-memory-gib'}):")
         keys = [k for k in ("actor_bytes", "reference_bytes", "critic_bytes", "rollout_weights_bytes", "kv_cache_bytes",
                             "peak_bytes") if any(k in row for row in report["memory"])]
