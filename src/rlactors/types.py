@@ -88,6 +88,12 @@ class Sample:
     # The environment raised, hung or crashed: the episode ended there. Its tokens so far train with
     # score 0 and this error recorded, like a failing reward function (the rest of the group is kept).
     environment_error: str | None = None
+    # MoE routing replay (`rlactors.routes`): the experts the engine routed each position of prompt +
+    # response to, per layer: uint8/uint16 bytes of shape `routed_experts_shape` [positions, layers,
+    # top_k]; empty unless the engine records routing. A position the engine never ran (the last token)
+    # holds the dtype's largest value. A response resumed under new weights keeps each position's own.
+    routed_experts: bytes = b""
+    routed_experts_shape: list[int] = field(default_factory=list)
 
     @property
     def num_model_tokens(self) -> int:

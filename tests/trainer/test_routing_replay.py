@@ -26,7 +26,7 @@ def _routes(record) -> torch.Tensor:
 
 def test_replaying_the_models_own_routing_changes_nothing(model):
     replay = RoutingReplay(model)
-    assert replay.num_layers == 2
+    assert (replay.num_layers, replay.layer_indices) == (2, [0, 1])
     ids = _ids()
     with torch.no_grad():
         plain = model(ids).logits
@@ -85,7 +85,7 @@ def test_unrecorded_tokens_route_themselves_and_are_counted(model):
 
 def test_routes_of_the_wrong_shape_are_refused_naming_it(model):
     replay = RoutingReplay(model)
-    with pytest.raises(ValueError, match=r"\[batch, tokens, 2 MoE layers, top_k\]"):
+    with pytest.raises(ValueError, match=r"\[batch, tokens, 2 layers, top_k\]"):
         with replay.using(torch.zeros(3, 12, 5, 2, dtype=torch.long)):
             pass
     with pytest.raises(ValueError, match="36 recorded tokens"), torch.no_grad():

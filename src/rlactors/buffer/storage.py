@@ -27,7 +27,7 @@ _SAMPLE = pa.struct([
     ("token_policy_versions", _INTS), ("finish_reason", pa.string()), ("error", pa.string()),
     ("text", pa.string()), ("score", pa.float64()), ("score_details", pa.string()), ("score_error", pa.string()),
     ("loss_mask", _INTS), ("num_turns", pa.int64()), ("num_tool_calls", pa.int64()), ("episode_reward", pa.float64()),
-        ("environment_error", pa.string()),
+        ("environment_error", pa.string()), ("routed_experts", pa.binary()), ("routed_experts_shape", _INTS),
 ])
 REQUESTS_SCHEMA = pa.schema([("epoch", pa.int64()), *_REQUEST_FIELDS])
 GROUPS_SCHEMA = pa.schema([("batch_id", pa.int64()), ("epoch", pa.int64()), *_REQUEST_FIELDS,

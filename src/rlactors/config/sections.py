@@ -152,6 +152,11 @@ class RolloutConfig(Section):
         False, description="After every weight sync, compare the sha256 of each tensor the engines received with "
         "what the trainer sent (shm and object_store; costs a hash pass over the weights on both sides).",
     )
+    record_routing: bool = Field(
+        False, description="MoE models: record the experts every token is routed to, per layer, on each sample "
+        "(for trainer.routing_replay=rollout, which sets it). Turns vLLM's prefix caching off, so every prompt "
+        "position is computed and recorded per request.",
+    )
     on_abort: Literal["resume", "requeue"] = Field(
         "resume", description="What happens to interrupted responses: continue from the partial response, or restart."
     )
@@ -275,6 +280,15 @@ class TrainerConfig(Section):
         "one-rank trainer in colocated mode, which takes 'all' (the engines sleep while it trains)."
     )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
+    routing_replay: Literal["off", "rollout"] = Field(
+        "off", description="MoE models: 'rollout' routes every token of the trainer's forward passes (old "
+        "logprobs, reference, update) to the experts the rollout engine chose for it (recorded with "
+        "rollout.record_routing, which this sets), weighted by the trainer's own router; 'off': the trainer routes.",
+    )
+    router_aux_loss_coef: float = Field(
+        0.0, ge=0.0, description="MoE models: weight of the router's load-balancing loss (transformers' aux_loss, "
+        "1.0 when balanced) added to the actor's loss; 0 leaves it out.",
+    )
     offload: bool = Field(
         False, description="Colocated mode: trainer ranks keep parameters and optimizer state in host memory while "
         "the engines generate, moving them onto the device for the logprob/value passes and the update and off "
@@ -393,6 +407,12 @@ class Config(Section):
     def _observations_render_like_prompts(self) -> Config:
         if self.rollout.environment.chat_template is None:
             self.rollout.environment.chat_template = self.data.chat_template
+        return self
+
+    @model_validator(mode="after")
+    def _replay_has_its_record(self) -> Config:
+        if self.trainer.routing_replay == "rollout":
+            self.rollout.record_routing = True
         return self
 
     @model_validator(mode="after")

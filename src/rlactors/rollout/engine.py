@@ -149,6 +149,8 @@ class RolloutEngine:
                 self.vocab_size = self.llm.model_config.get_vocab_size()
                 self.progress = count_progress(self.llm)
                 await self._vllm("ready", self.llm.update_weight_version(str(self.policy_version)))
+                if self.config.record_routing:
+                    await self._vllm("start_routing_capture", self.llm.collective_rpc("rlactors_start_routing_capture"))
         if self.llm.errored:
             raise dead_error(self.llm, "ready", self.error_file)
         return self.health()

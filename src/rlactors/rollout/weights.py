@@ -149,6 +149,19 @@ class WorkerExtension:
 
         refresh_tied_head(self.model_runner.get_model())
 
+    def rlactors_start_routing_capture(self) -> list[int]:
+        """Record the experts each token is routed to (`rlactors.rollout.routing_capture`), once;
+        returns [layers, top_k]."""
+        from rlactors.rollout.routing_capture import RoutingCapture
+
+        if getattr(self, "_rlactors_routing", None) is None:
+            self._rlactors_routing = RoutingCapture(self.model_runner)
+        return list(self._rlactors_routing.shape_per_token)
+
+    def rlactors_take_routing(self, request_ids: list[str]) -> dict[str, tuple[bytes, list[int]]]:
+        """The recorded routing of these finished requests (by their ids in the engine actor)."""
+        return self._rlactors_routing.take(request_ids)
+
     def rlactors_start_peak_memory(self) -> None:
         from rlactors.runtime.phases import start_peak_memory
 

@@ -8,10 +8,13 @@ trainer's router: the gate's softmax over all experts, gathered at the recorded 
 where the model normalises its top-k), so gradients still reach the router.
 
     replay = RoutingReplay(model)              # finds the routers (transformers' MoE top-k routers)
-    with replay.using(routes, record=True):    # routes: [B, T, num_moe_layers, top_k], -1 = none
+    with replay.using(routes, record=True):    # routes: [B, T, num_layers, top_k], -1 = none
         logits = model(input_ids).logits
-    replay.last.used[layer]                    # [B*T, top_k] experts each token went to, per layer
-    replay.last.own[layer]                     # [B*T, top_k] the experts the trainer's router chose
+    replay.last.used[k]                        # [B*T, top_k] experts each token went to, k-th MoE layer
+    replay.last.own[k]                         # [B*T, top_k] the experts the trainer's router chose
+
+Routes are indexed by decoder layer, as vLLM records them (a dense layer's entries are unused):
+the k-th router reads `routes[:, :, replay.layer_indices[k]]`.
 
 Rule for a token without recorded routing (its row holds -1, e.g. an observation token of a
 multi-turn episode, padding, a prompt token the engine did not run): the trainer routes it itself,
@@ -27,18 +30,24 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import re
+
 import torch
 
 UNRECORDED = -1  # a route entry with no recorded expert
 
 
-def find_routers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The model's top-k routers in layer order: modules with a `weight` of [num_experts, hidden],
-    `top_k` and `num_experts` whose forward returns (router_logits, scores, indices), the contract
-    of transformers' MoE routers (Qwen2/Qwen3-MoE `...TopKRouter`)."""
-    return [module for module in model.modules()
-            if isinstance(getattr(module, "weight", None), torch.Tensor) and hasattr(module, "top_k")
-            and hasattr(module, "num_experts") and type(module).__name__.endswith("TopKRouter")]
+def find_routers(model: torch.nn.Module) -> list[tuple[int, torch.nn.Module]]:
+    """(decoder layer index, router) of the model's top-k routers in layer order: modules under
+    `layers.<i>.` with a `weight`, `top_k` and `num_experts` whose forward returns (router_logits,
+    scores, indices), the contract of transformers' MoE routers (Qwen2/Qwen3-MoE `...TopKRouter`)."""
+    routers = []
+    for name, module in model.named_modules():
+        layer = re.search(r"(?:^|\.)layers\.(\d+)\.", name)
+        if (layer and isinstance(getattr(module, "weight", None), torch.Tensor) and hasattr(module, "top_k")
+                and hasattr(module, "num_experts") and type(module).__name__.endswith("TopKRouter")):
+            routers.append((int(layer.group(1)), module))
+    return routers
 
 
 @dataclass
@@ -53,16 +62,16 @@ class RoutingRecord:
 
 class RoutingReplay:
     def __init__(self, model: torch.nn.Module):
-        self.routers = find_routers(model)
+        found = find_routers(model)
+        self.layer_indices = [layer for layer, _ in found]
+        self.routers = [router for _, router in found]
+        self.num_layers = getattr(getattr(model, "config", None), "num_hidden_layers", None) or (
+            max(self.layer_indices, default=-1) + 1)
         self.routes: torch.Tensor | None = None
         self.record = False
         self.last = RoutingRecord()
-        for layer, router in enumerate(self.routers):
+        for layer, router in found:
             router.register_forward_hook(self._hook(layer))
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.routers)
 
     @contextmanager
     def using(self, routes: torch.Tensor | None, record: bool = False) -> Iterator[RoutingRecord]:
@@ -70,7 +79,7 @@ class RoutingReplay:
         unrecorded; None: the model's own routing) and, with `record`, keep what was routed."""
         if routes is not None and (routes.dim() != 4 or routes.shape[2] != self.num_layers):
             raise ValueError(f"routing replay: routes of shape {tuple(routes.shape)}, expected "
-                             f"[batch, tokens, {self.num_layers} MoE layers, top_k]")
+                             f"[batch, tokens, {self.num_layers} layers, top_k]")
         self.routes, self.record, self.last = routes, record, RoutingRecord()
         try:
             yield self.last
@@ -86,7 +95,7 @@ class RoutingReplay:
             if self.routes is not None:
                 recorded = self.routes[:, :, layer, :].reshape(-1, self.routes.shape[-1]).to(own.device)
                 if recorded.shape != own.shape:
-                    raise ValueError(f"routing replay, MoE layer {layer}: {recorded.shape[0]} recorded tokens of "
+                    raise ValueError(f"routing replay, layer {layer}: {recorded.shape[0]} recorded tokens of "
                                      f"top-{recorded.shape[1]}, the forward routes {own.shape[0]} of top-{own.shape[1]}")
                 missing = (recorded < 0).any(dim=-1, keepdim=True)
                 used = torch.where(missing, own, recorded.long())
