@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from rlactors.routes import as_tensor
 from rlactors.types import Group
 
 # Fields filled from the rollout record; others are added by the driver and the trainers.
@@ -52,6 +53,9 @@ class TrainBatch:
     token_fields: dict[str, list[torch.Tensor]] = field(default_factory=dict)
     # ReMax: per sequence, the score of its group's greedy response (`Group.baseline`); else empty.
     baseline_scores: list[float] = field(default_factory=list)
+    # MoE routing replay: per sequence, [prompt + response positions, layers, top_k] int16 expert ids
+    # the rollout engine chose, -1 where it recorded none (`rlactors.routes`); empty when not recorded.
+    routes: list[torch.Tensor] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.prompt_token_ids)
@@ -62,7 +66,7 @@ class TrainBatch:
         for name in ("response_token_ids", "group_ids", "prompt_ids", "sample_indices"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"TrainBatch.{name} has {len(getattr(self, name))} entries, expected {n}")
-        for name in ("scores", "baseline_scores"):
+        for name in ("scores", "baseline_scores", "routes"):
             if getattr(self, name) and len(getattr(self, name)) != n:
                 raise ValueError(f"TrainBatch.{name} has {len(getattr(self, name))} entries, expected {n}")
         for i, prompt in enumerate(self.prompt_token_ids):
@@ -144,9 +148,10 @@ class TrainBatch:
         # ~60 us of per-tensor overhead, and a row that is a view (`set_padded_field`'s) carries
         # the whole padded tensor with it: n rows of a [n, T] field would weigh n * n * T floats.
         flat = {name: torch.cat(values) if values else torch.zeros(0) for name, values in self.token_fields.items()}
+        routes = torch.cat(self.routes) if self.routes else None
         return _batch_from_flat_fields, (self.prompt_token_ids, self.response_token_ids, self.group_ids,
                                          self.prompt_ids, self.sample_indices, self.scores, flat,
-                                         self.baseline_scores)
+                                         self.baseline_scores, routes)
 
     def select(self, indices: list[int]) -> TrainBatch:
         """The sub-batch of the given sequences, in the given order (tensors are shared, not copied)."""
@@ -159,14 +164,18 @@ class TrainBatch:
             scores=[self.scores[i] for i in indices] if self.scores else [],
             token_fields={name: [values[i] for i in indices] for name, values in self.token_fields.items()},
             baseline_scores=[self.baseline_scores[i] for i in indices] if self.baseline_scores else [],
+            routes=[self.routes[i] for i in indices] if self.routes else [],
         )
 
 
 def _batch_from_flat_fields(prompt_token_ids, response_token_ids, group_ids, prompt_ids, sample_indices, scores,
-                            flat_fields: dict[str, torch.Tensor], baseline_scores: list[float]) -> TrainBatch:
+                            flat_fields: dict[str, torch.Tensor], baseline_scores: list[float],
+                            routes: torch.Tensor | None = None) -> TrainBatch:
     lengths = [len(r) for r in response_token_ids]
+    sequence_lengths = [len(p) + n for p, n in zip(prompt_token_ids, lengths, strict=True)]
     return TrainBatch(prompt_token_ids, response_token_ids, group_ids, prompt_ids, sample_indices, scores,
-                      {name: list(flat.split(lengths)) for name, flat in flat_fields.items()}, baseline_scores)
+                      {name: list(flat.split(lengths)) for name, flat in flat_fields.items()}, baseline_scores,
+                      list(routes.split(sequence_lengths)) if routes is not None else [])
 
 
 @dataclass
@@ -207,7 +216,7 @@ def train_batch_from_groups(groups: list[Group]) -> TrainBatch:
     """
     batch = dict(prompt_token_ids=[], response_token_ids=[], group_ids=[], prompt_ids=[], sample_indices=[],
                  scores=[], baseline_scores=[])
-    logprobs, loss_masks = [], []
+    logprobs, loss_masks, routes = [], [], []
     with_baselines = {group.baseline is not None for group in groups}
     if len(with_baselines) > 1:
         missing = [g.group_id for g in groups if g.baseline is None]
@@ -244,7 +253,23 @@ def train_batch_from_groups(groups: list[Group]) -> TrainBatch:
             logprobs.append(torch.tensor(sample.response_logprobs, dtype=torch.float32))
             loss_masks.append(torch.tensor(sample.loss_mask, dtype=torch.float32) if sample.loss_mask
                               else torch.ones(len(sample.response_token_ids)))
-    return TrainBatch(**batch, token_fields={ROLLOUT_LOGPROBS: logprobs, LOSS_MASK: loss_masks})
+            routes.append(as_tensor(sample, len(sample.prompt_token_ids) + len(sample.response_token_ids)))
+    lengths = [len(p) + len(r) for p, r in zip(batch["prompt_token_ids"], batch["response_token_ids"], strict=True)]
+    return TrainBatch(**batch, token_fields={ROLLOUT_LOGPROBS: logprobs, LOSS_MASK: loss_masks},
+                      routes=batch_routes(routes, lengths))
+
+
+def batch_routes(routes: list[torch.Tensor | None], sequence_lengths: list[int]) -> list[torch.Tensor]:
+    """The batch's routing: empty when no sample carries any; else one tensor per sample, a sample
+    without a record (an engine that did not record it) all -1, so the trainer routes it itself."""
+    shape = next((r.shape[1:] for r in routes if r is not None), None)
+    if shape is None:
+        return []
+    for r in routes:
+        if r is not None and r.shape[1:] != shape:
+            raise ValueError(f"routing of [layers, top_k] {list(r.shape[1:])} beside {list(shape)} in one batch")
+    return [r if r is not None else torch.full((n, *shape), -1, dtype=torch.int16)
+            for r, n in zip(routes, sequence_lengths, strict=True)]
 
 
 def pad_right(values: list[torch.Tensor], width: int | None = None, value: float = 0.0) -> torch.Tensor:
@@ -286,6 +311,7 @@ class MicroBatch:
     mask: torch.Tensor
     fields: dict[str, torch.Tensor]
     response_lengths: list[int]
+    routes: torch.Tensor | None = None  # [B, L, layers, top_k] recorded experts, -1 where none (MoE replay)
 
     @property
     def num_tokens(self) -> int:
@@ -294,7 +320,8 @@ class MicroBatch:
     def to(self, device: torch.device | str) -> MicroBatch:
         move = lambda t: t.to(device, non_blocking=True)  # noqa: E731
         return MicroBatch(self.indices, move(self.input_ids), move(self.response_positions), move(self.labels),
-                          move(self.mask), {k: move(v) for k, v in self.fields.items()}, list(self.response_lengths))
+                          move(self.mask), {k: move(v) for k, v in self.fields.items()}, list(self.response_lengths),
+                          None if self.routes is None else move(self.routes))
 
 
 def build_micro_batch(batch: TrainBatch, indices: list[int], field_names: tuple[str, ...] = (),
@@ -321,7 +348,12 @@ def build_micro_batch(batch: TrainBatch, indices: list[int], field_names: tuple[
     labels = pad_right([torch.tensor(batch.response_token_ids[i], dtype=torch.long) for i in indices], width,
                        value=pad_token_id)
     fields = {name: pad_right([batch.token_field(name)[i] for i in indices], width) for name in field_names}
-    return MicroBatch(list(indices), input_ids, positions, labels, mask, fields, response_lengths)
+    routes = None
+    if batch.routes:
+        routes = torch.full((len(indices), input_ids.shape[1], *batch.routes[0].shape[1:]), -1, dtype=torch.int16)
+        for row, i in enumerate(indices):
+            routes[row, :len(batch.routes[i])] = batch.routes[i]
+    return MicroBatch(list(indices), input_ids, positions, labels, mask, fields, response_lengths, routes)
 
 
 def unpad_rows(padded: torch.Tensor, micro_batch: MicroBatch) -> list[tuple[int, torch.Tensor]]:

@@ -35,6 +35,8 @@ import re
 import torch
 
 UNRECORDED = -1  # a route entry with no recorded expert
+# What `routing_sums` returns: token-weighted sums, divided by the step's tokens into means.
+ROUTING_METRICS = ("routing_mismatch_share", "routing_unrecorded_share", "expert_load_max", "expert_load_min")
 
 
 def find_routers(model: torch.nn.Module) -> list[tuple[int, torch.nn.Module]]:
@@ -56,7 +58,8 @@ class RoutingRecord:
 
     used: list[torch.Tensor] = field(default_factory=list)  # experts each token was sent to
     own: list[torch.Tensor] = field(default_factory=list)  # the trainer router's own top-k
-    probabilities: list[torch.Tensor] = field(default_factory=list)  # router softmax [B*T, E], detached
+    recorded: list[torch.Tensor] = field(default_factory=list)  # the record read, -1 where none
+    router_logits: list[torch.Tensor] = field(default_factory=list)  # [B*T, E], in the autograd graph
     num_unrecorded: int = 0  # (token, layer) pairs that routed themselves for want of a record
 
 
@@ -69,42 +72,49 @@ class RoutingReplay:
             max(self.layer_indices, default=-1) + 1)
         self.routes: torch.Tensor | None = None
         self.record = False
+        self.replay = True
         self.last = RoutingRecord()
         for layer, router in found:
             router.register_forward_hook(self._hook(layer))
 
     @contextmanager
-    def using(self, routes: torch.Tensor | None, record: bool = False) -> Iterator[RoutingRecord]:
+    def using(self, routes: torch.Tensor | None, record: bool = False, replay: bool = True
+              ) -> Iterator[RoutingRecord]:
         """Within the block, route by `routes` ([B, T, num_layers, top_k] expert ids, -1 where
-        unrecorded; None: the model's own routing) and, with `record`, keep what was routed."""
+        unrecorded; None: the model's own routing) and, with `record`, keep what was routed. With
+        `replay` false the routes are only read into the record (to measure how often the
+        trainer's routing differs), and the model routes itself."""
         if routes is not None and (routes.dim() != 4 or routes.shape[2] != self.num_layers):
             raise ValueError(f"routing replay: routes of shape {tuple(routes.shape)}, expected "
                              f"[batch, tokens, {self.num_layers} layers, top_k]")
-        self.routes, self.record, self.last = routes, record, RoutingRecord()
+        self.routes, self.record, self.replay, self.last = routes, record, replay, RoutingRecord()
         try:
             yield self.last
         finally:
-            self.routes, self.record = None, False
+            self.routes, self.record, self.replay = None, False, True
 
     def _hook(self, layer: int):
         def hook(router, inputs, output):
             if self.routes is None and not self.record:
                 return None
             logits, scores, own = output
-            used, chosen = own, scores
+            used, chosen, recorded = own, scores, None
             if self.routes is not None:
                 recorded = self.routes[:, :, layer, :].reshape(-1, self.routes.shape[-1]).to(own.device)
                 if recorded.shape != own.shape:
                     raise ValueError(f"routing replay, layer {layer}: {recorded.shape[0]} recorded tokens of "
                                      f"top-{recorded.shape[1]}, the forward routes {own.shape[0]} of top-{own.shape[1]}")
                 missing = (recorded < 0).any(dim=-1, keepdim=True)
-                used = torch.where(missing, own, recorded.long())
-                chosen = replayed_scores(logits, used, getattr(router, "norm_topk_prob", False)).to(scores.dtype)
-                self.last.num_unrecorded += int(missing.sum())
+                if self.replay:
+                    used = torch.where(missing, own, recorded.long())
+                    chosen = replayed_scores(logits, used, getattr(router, "norm_topk_prob", False)).to(scores.dtype)
+                    self.last.num_unrecorded += int(missing.sum())
             if self.record:
                 self.last.used.append(used.detach())
                 self.last.own.append(own.detach())
-                self.last.probabilities.append(torch.softmax(logits.detach().float(), dim=-1))
+                self.last.router_logits.append(logits)
+                if recorded is not None:
+                    self.last.recorded.append(recorded)
             return logits, chosen, used
 
         return hook
@@ -138,3 +148,49 @@ def expert_load(used: list[torch.Tensor], num_experts: int, valid: torch.Tensor)
         rows.append(counts / counts.sum().clamp(min=1))
     return torch.stack(rows) if rows else torch.zeros(0, num_experts)
 
+
+
+def load_balancing_loss(router_logits: list[torch.Tensor], own: list[torch.Tensor], valid: torch.Tensor
+                        ) -> torch.Tensor:
+    """The Switch Transformer's auxiliary loss over the `valid` tokens, mean over layers:
+    num_experts x sum over experts of (share of the router's own top-k slots) x (mean router
+    probability); 1.0 when balanced, differentiable through the logits. It pushes the router's own
+    preferences towards balance, whatever experts replay sent the tokens to."""
+    losses = []
+    for logits, layer_own in zip(router_logits, own, strict=True):
+        num_experts = logits.shape[-1]
+        slots = expert_load([layer_own], num_experts, valid)[0]
+        mean_probability = torch.softmax(logits[valid].float(), dim=-1).mean(dim=0)
+        losses.append(num_experts * (slots * mean_probability).sum())
+    return torch.stack(losses).mean() if losses else torch.zeros(())
+
+
+def routing_sums(record: RoutingRecord, positions: torch.Tensor, weights: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Token-weighted sums of one forward pass's routing, for the step's metrics (divided by the
+    step's tokens later): over the flattened `positions` [N] (rows of the [B*T] routing) with
+    `weights` [N] (1 per token that trains), the share of layers where the trainer's own top-k
+    differs from the recorded one (`routing_mismatch_share`), the share with nothing recorded
+    (`routing_unrecorded_share`), and the busiest and idlest expert's share of routed slots, the
+    largest and smallest over layers (`expert_load_max`, `expert_load_min`)."""
+    weights = weights.float()
+    total = weights.sum()
+    sums = {}
+    if record.recorded:
+        different = torch.zeros_like(weights)
+        unrecorded = torch.zeros_like(weights)
+        for recorded, own in zip(record.recorded, record.own, strict=True):
+            recorded, own = recorded[positions], own[positions]
+            missing = (recorded < 0).any(dim=-1)
+            differs = (recorded.long().sort(dim=-1).values != own.sort(dim=-1).values).any(dim=-1) & ~missing
+            different += differs.float() / len(record.own)
+            unrecorded += missing.float() / len(record.own)
+        sums["routing_mismatch_share"] = (different * weights).sum()
+        sums["routing_unrecorded_share"] = (unrecorded * weights).sum()
+    if record.used and total > 0:
+        num_experts = record.router_logits[0].shape[-1]
+        valid = torch.zeros(record.used[0].shape[0], dtype=torch.bool, device=weights.device)
+        valid[positions[weights > 0]] = True
+        load = expert_load(record.used, num_experts, valid)
+        sums["expert_load_max"] = load.max() * total
+        sums["expert_load_min"] = load.min() * total
+    return sums

@@ -18,9 +18,11 @@ import torch
 import torch.distributed as dist
 
 from rlactors.trainer.policy_objective import BYPASS_METRICS, POLICY_METRICS
+from rlactors.trainer.routing_replay import ROUTING_METRICS
 
 # Metrics that are token means: ranks return token-weighted sums, divided by the mini-batch's tokens.
-TOKEN_MEAN_METRICS = frozenset({*POLICY_METRICS, *BYPASS_METRICS, "entropy", "vf_clipfrac", "rollout_trainer_kl"})
+TOKEN_MEAN_METRICS = frozenset({*POLICY_METRICS, *BYPASS_METRICS, "entropy", "vf_clipfrac", "rollout_trainer_kl",
+                                *ROUTING_METRICS})
 MAX_METRICS = frozenset({"rollout_logprob_abs_diff_max"})  # maxima over micro-batches and ranks
 
 

@@ -40,12 +40,13 @@ from rlactors.algorithms import (
     value_loss,
 )
 from rlactors.config import AlgorithmConfig, TrainerConfig
-from rlactors.models.moe import checkpoint_layout
+from rlactors.models.moe import checkpoint_layout, is_moe_config
 from rlactors.runtime.phases import PhaseLog, memory_figures
 from rlactors.trainer import checkpoint, fsdp, offload, policy_objective, rank_checkpoint, step_metrics
 from rlactors.trainer.batch import MicroBatch, TrainBatch, build_micro_batch, unpad_rows
 from rlactors.trainer.offload import resident
 from rlactors.trainer.plan import MiniBatchPlan
+from rlactors.trainer.routing_replay import RoutingReplay, load_balancing_loss, routing_sums
 
 
 class TrainerWorker:
@@ -66,6 +67,7 @@ class TrainerWorker:
         self.norm_tokens = norm_tokens
         # The model and what trains it; None first, so the last run's memory goes before the next loads.
         self.model = self.optimizer = self.scheduler = self.optim_config = None
+        self.routing: RoutingReplay | None = None  # an MoE actor's or reference's routers (`routing_replay`)
         self.architecture, self.pad_token_id, self.vocab_size = None, 0, 0  # of the model, read as it loads
         self.num_optimizer_steps = self.num_skipped_steps = 0  # saved in checkpoints
         self.offloaded = False  # parameters and optimizer state in host memory (colocated, between steps)
@@ -108,6 +110,8 @@ class TrainerWorker:
         model.requires_grad_(trainable)
         self.model = fsdp.shard_model(model, self.mesh, trainable and trainer.gradient_checkpointing)
         self.model.train(trainable)
+        if role != "critic" and is_moe_config(model.config):
+            self.routing = RoutingReplay(self.model)
         if trainable:
             self.optim_config = trainer.critic_optim if role == "critic" else trainer.optim
             self.optimizer, self.scheduler = fsdp.optimizer_and_schedule(self.model, self.optim_config)
@@ -115,6 +119,36 @@ class TrainerWorker:
         random.seed(seed + self.rank)
         return {"rank": self.rank, "pid": os.getpid(), "device": str(self.device), "num_parameters": sum(
             p.numel() for p in self.model.parameters())}
+
+    def _logits(self, micro: MicroBatch, temperature: float = 1.0) -> torch.Tensor:
+        """`fsdp.response_logits`; on an MoE model with routing recorded, routed by the rollout's
+        experts (`trainer.routing_replay=rollout`) or only compared with them, the pass's routing
+        kept in `self.routing.last` for `_routing_terms`."""
+        if self.routing is None:
+            return fsdp.response_logits(self.model, micro, temperature)
+        with self.routing.using(micro.routes, record=True, replay=self.trainer.routing_replay == "rollout"):
+            return fsdp.response_logits(self.model, micro, temperature)
+
+    def _routing_terms(self, micro: MicroBatch, plan: MiniBatchPlan) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+        """The last MoE pass's load-balancing loss (times `trainer.router_aux_loss_coef` and the
+        micro-batch's share of the step's tokens, so the step's terms add up to a token-weighted
+        mean; None when off) and its routing sums (`routing_replay.routing_sums`) over the tokens
+        that train."""
+        if self.routing is None or not self.routing.last.used:
+            return None, {}
+        record = self.routing.last
+        width = micro.input_ids.shape[1]
+        rows = torch.arange(micro.input_ids.shape[0], device=micro.mask.device).unsqueeze(1) * width
+        positions = (rows + micro.response_positions).reshape(-1)
+        sums = routing_sums(record, positions, micro.mask.reshape(-1))
+        coefficient = self.trainer.router_aux_loss_coef
+        if not coefficient:
+            return None, sums
+        real = (micro.input_ids != self.pad_token_id).reshape(-1)
+        aux = load_balancing_loss(record.router_logits, record.own, real) * coefficient * (
+            micro.num_tokens / max(plan.num_tokens, 1))
+        sums["router_aux_loss"] = aux.detach()
+        return aux, sums
 
     def _micro_batch(self, batch: TrainBatch, indices: list[int], fields: tuple[str, ...] = ()) -> MicroBatch:
         """One micro-batch on this rank's device. A token id outside the vocabulary is an error
@@ -144,7 +178,7 @@ class TrainerWorker:
         out = []
         for indices in plan.micro_batches[0]:
             micro = self._micro_batch(batch, indices)
-            logits = fsdp.response_logits(self.model, micro, temperature)
+            logits = self._logits(micro, temperature)
             rows = unpad_rows(logprobs_from_logits(logits, micro.labels), micro)
             entropies = [e for _, e in unpad_rows(chunked_entropy_from_logits(logits), micro)] if with_entropy \
                 else [None] * len(rows)
@@ -182,8 +216,10 @@ class TrainerWorker:
         fields = policy_objective.actor_fields(algorithm, batch.token_fields, from_update)
 
         def loss_fn(micro: MicroBatch, plan: MiniBatchPlan) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-            logits = fsdp.response_logits(self.model, micro, temperature)
-            return policy_objective.actor_loss(algorithm, logits, micro, self._counts(plan), from_update)
+            logits = self._logits(micro, temperature)
+            loss, sums = policy_objective.actor_loss(algorithm, logits, micro, self._counts(plan), from_update)
+            aux, routing = self._routing_terms(micro, plan)
+            return (loss if aux is None else loss + aux), sums | routing
 
         return self._train(batch, plans, fields, loss_fn, "actor", self.trainer.num_epochs)
 
@@ -206,7 +242,7 @@ class TrainerWorker:
         self._start("sft_step", ("actor",))
 
         def loss_fn(micro: MicroBatch, plan: MiniBatchPlan) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-            logp = logprobs_from_logits(fsdp.response_logits(self.model, micro), micro.labels)
+            logp = logprobs_from_logits(self._logits(micro), micro.labels)
             loss = sft_loss(logp, micro.mask, global_num_tokens=plan.num_tokens)
             return loss, {"sft_loss": loss}
 
