@@ -1,10 +1,12 @@
 """A mixture-of-experts model through the whole stack (Ray, vLLM, FSDP2, buffer) on the tiny
-Qwen3-MoE (8 experts, 2 routed per token): a colocated GRPO run whose engines hold the trainer's
-weights after every sync (the fused experts sent one tensor per expert), its exact resume and its
-Hugging Face export, and a fully-async PPO run with a critic on the same architecture.
+Qwen3-MoE (8 experts, 2 routed per token), with routing replay: a colocated GRPO run whose engines
+hold the trainer's weights after every sync (the fused experts sent one tensor per expert) and
+record the experts of every token, which reach the trainer; its exact resume and its Hugging Face
+export; and a fully-async PPO run with a critic, stale samples, partial rollouts and replay.
 
-What the weight mapping guarantees bit for bit, and the preset's reproducibility:
-tests/models/test_moe.py. These runs share their engines through `warm_actors` where they can.
+Below these runs: the weight mapping bit for bit and the preset (tests/models/test_moe.py), the
+trainer routing exactly by a record, per token and layer (tests/trainer/test_routing_replay.py),
+and a sample's routing across resumed requests (tests/test_routes.py).
 """
 
 import json
@@ -18,7 +20,7 @@ from rlactors.pipelines import run_pipeline
 
 pytestmark = pytest.mark.vllm
 
-MOE = ["model.preset=tiny", "model.architecture=qwen3_moe"]
+MOE = ["model.preset=tiny", "model.architecture=qwen3_moe", "trainer.routing_replay=rollout"]
 
 
 @pytest.fixture(scope="module")
@@ -31,13 +33,17 @@ def colocated(warm_actors, tiny_moe_model_dir, tmp_path_factory):
 
 
 def test_engines_hold_the_trainers_weights_after_every_sync(colocated):
-    """Each step's rollout logprobs equal the trainer's (fp32, CPU) on every token: from step 2 on
-    the engines hold weights the trainer sent, so its fused experts arrived whole and in place."""
+    """Each step's rollout logprobs equal the trainer's, replayed on the engine's routing (fp32,
+    CPU), on every token: from step 2 on the engines hold weights the trainer sent, so its fused
+    experts arrived whole and in place. On-policy, the engine's recorded experts are the trainer's
+    own choice on every trained token and layer, and none is missing."""
     _, history = colocated
     assert [h["step"] for h in history] == [0, 1, 2, 3]
     for h in history[1:]:
         assert h["rollout/logprob_abs_diff_max"] < 1e-4, (h["step"], h["rollout/logprob_abs_diff_max"])
         assert h["actor/grad_norm"] > 0
+        assert h["actor/routing_mismatch_share"] == 0 and h["actor/routing_unrecorded_share"] == 0, h["step"]
+        assert 1 / 8 <= h["actor/expert_load_max"] <= 1 and 0 <= h["actor/expert_load_min"] <= 1 / 8
 
 
 def test_a_resumed_moe_run_reproduces_the_next_step_exactly(colocated, warm_actors):
@@ -76,3 +82,6 @@ def test_fully_async_ppo_with_a_critic_trains_the_moe_model(warm_actors, tiny_mo
     assert max(h["staleness/max"] for h in history[1:]) <= 1
     for h in history[1:]:
         assert h["critic/vf_loss"] > 0 and h["actor/grad_norm"] > 0
+        assert 0 <= h["actor/routing_mismatch_share"] <= 1 and h["actor/routing_unrecorded_share"] == 0
+        if h["staleness/max"] == 0:  # every sample made by the weights the trainer holds: no disagreement
+            assert h["actor/routing_mismatch_share"] == 0, h["step"]

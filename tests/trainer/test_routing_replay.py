@@ -97,3 +97,40 @@ def test_expert_load_is_each_experts_share_of_the_routed_slots():
     used = [torch.tensor([[0, 1], [0, 2], [3, 0]])]
     load = expert_load(used, 4, torch.tensor([True, True, False]))
     torch.testing.assert_close(load, torch.tensor([[0.5, 0.25, 0.25, 0.0]]))
+
+
+def test_the_step_sums_count_mismatches_and_the_loss_matches_transformers(model):
+    """Replay off, a moved router: the trainer routes itself and `routing_sums` reports the share
+    of (token, layer) pairs where it left the record; the load-balancing loss is transformers'
+    (`load_balancing_loss_func`) divided by top_k, so balanced routing gives 1.0."""
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+
+    from rlactors.trainer.routing_replay import load_balancing_loss, routing_sums
+
+    replay = RoutingReplay(model)
+    ids = _ids(4)
+    with torch.no_grad(), replay.using(None, record=True) as record:
+        model(ids)
+    routes = _routes(record)
+    with torch.no_grad():
+        for router in replay.routers:
+            router.weight.add_(0.5 * torch.randn(router.weight.shape, generator=torch.Generator().manual_seed(5)))
+    with torch.no_grad(), replay.using(routes, record=True, replay=False) as compared:
+        model(ids)
+    assert compared.num_unrecorded == 0 and all(torch.equal(u, o) for u, o in zip(compared.used, compared.own))
+    positions, weights = torch.arange(36), torch.ones(36)
+    weights[30:] = 0  # tokens that do not train count nowhere
+    sums = routing_sums(compared, positions, weights)
+    expected = sum(mismatch_share([r[:30]], [o[:30]], torch.ones(30, dtype=torch.bool))
+                   for r, o in zip(compared.recorded, compared.own)) / 2 * 30
+    assert sums["routing_mismatch_share"].item() == pytest.approx(expected) and expected > 0
+    assert sums["routing_unrecorded_share"].item() == 0
+    load = expert_load(compared.used, 8, weights.bool())
+    assert sums["expert_load_max"].item() == pytest.approx(load.max().item() * 30)
+    every = torch.ones(36, dtype=torch.bool)
+    ours = load_balancing_loss(compared.router_logits, compared.own, every)
+    for layer in range(2):
+        theirs = load_balancing_loss_func((compared.router_logits[layer],), 8, 2)
+        alone = load_balancing_loss([compared.router_logits[layer]], [compared.own[layer]], every)
+        assert alone.item() == pytest.approx(theirs.item() / 2, rel=1e-5)
+    assert 1.0 <= ours.item() < 8.0
