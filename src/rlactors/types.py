@@ -88,7 +88,7 @@ class Sample:
     # The environment raised, hung or crashed: the episode ended there. Its tokens so far train with
     # score 0 and this error recorded, like a failing reward function (the rest of the group is kept).
     environment_error: str | None = None
-    # MoE routing replay (`rlactors.routes`): the experts the engine routed each position of prompt +
+    # MoE routing replay (`rlactors.models.routes`): the experts the engine routed each position of prompt +
     # response to, per layer: uint8/uint16 bytes of shape `routed_experts_shape` [positions, layers,
     # top_k]; empty unless the engine records routing. A position the engine never ran (the last token)
     # holds the dtype's largest value. A response resumed under new weights keeps each position's own.

@@ -27,6 +27,7 @@ def test_the_rollout_trainer_gap_kl_and_advantages_cover_model_tokens_only():
     ref_rows = [(i, old - torch.tensor([0.1, 0.1, 5.0, 5.0, 0.1])) for i in range(2)]
     metrics, kl = add_advantages(batch, rows, ref_rows, None, AlgorithmConfig(advantage="grpo"), kl_coef=1.0)
     assert metrics["rollout/trainer_kl"] == 0.0 and metrics["rollout/logprob_abs_diff_max"] == 0.0
+    assert metrics["rollout/logprob_abs_diff_mean"] == 0.0
     assert abs(kl - 0.1) < 1e-6
     advantages = batch.token_field("advantages")
     assert all(a[2:4].abs().sum() == 0 and (a[[0, 1, 4]] != 0).all() for a in advantages)

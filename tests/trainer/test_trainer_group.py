@@ -121,7 +121,8 @@ def test_an_update_without_old_logprobs_equals_one_after_the_old_logprob_pass(gr
             batch.set_field("old_logprobs", logprobs)
         results[recompute] = (group.update_policy(batch, TEMPERATURE), weights(group), batch, logprobs)
     (after_pass, pass_weights, batch, logprobs), (from_update, update_weights, _, _) = results[True], results[False]
-    assert set(from_update) - set(after_pass) == {"actor/rollout_trainer_kl", "actor/rollout_logprob_abs_diff_max"}
+    assert set(from_update) - set(after_pass) == {"actor/rollout_trainer_kl", "actor/rollout_logprob_abs_diff_max",
+                                                  "actor/rollout_logprob_abs_diff_mean"}
     for key, value in after_pass.items():
         assert from_update[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
     assert after_pass["actor/pg_loss"] != 0 and after_pass["actor/ppo_kl"] == pytest.approx(0.0, abs=1e-6)
@@ -129,6 +130,7 @@ def test_an_update_without_old_logprobs_equals_one_after_the_old_logprob_pass(gr
     gap = torch.cat(batch.token_field("rollout_logprobs")) - torch.cat(logprobs)
     assert from_update["actor/rollout_trainer_kl"] == pytest.approx(float(gap.mean()), abs=1e-6)
     assert from_update["actor/rollout_logprob_abs_diff_max"] == pytest.approx(float(gap.abs().max()), abs=1e-6)
+    assert from_update["actor/rollout_logprob_abs_diff_mean"] == pytest.approx(float(gap.abs().mean()), abs=1e-6)
 
 
 def test_an_update_without_old_logprobs_refuses_several_mini_batches(groups):

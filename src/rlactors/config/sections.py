@@ -280,10 +280,10 @@ class TrainerConfig(Section):
         "one-rank trainer in colocated mode, which takes 'all' (the engines sleep while it trains)."
     )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
-    routing_replay: Literal["off", "rollout"] = Field(
-        "off", description="MoE models: 'rollout' routes every token of the trainer's forward passes (old "
-        "logprobs, reference, update) to the experts the rollout engine chose for it (recorded with "
-        "rollout.record_routing, which this sets), weighted by the trainer's own router; 'off': the trainer routes.",
+    routing_replay: Literal["trainer", "rollout"] = Field(
+        "trainer", description="MoE models, whose routing the trainer's forward passes (old logprobs, reference, "
+        "update) use: 'rollout' sends every token to the experts the rollout engine chose for it (recorded with "
+        "rollout.record_routing, which this sets), weighted by the trainer's own router; 'trainer': its own top-k.",
     )
     router_aux_loss_coef: float = Field(
         0.0, ge=0.0, description="MoE models: weight of the router's load-balancing loss (transformers' aux_loss, "

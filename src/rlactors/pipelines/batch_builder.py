@@ -64,6 +64,7 @@ def add_advantages(batch: TrainBatch, old_rows: list[tuple] | None, ref_rows: li
         old, _ = batch.padded_field("old_logprobs")
         metrics["rollout/trainer_kl"] = float(algorithms.masked_mean(rollout - old, mask))
         metrics["rollout/logprob_abs_diff_max"] = float(((rollout - old).abs() * mask).max()) if mask.any() else 0.0
+        metrics["rollout/logprob_abs_diff_mean"] = float(algorithms.masked_mean((rollout - old).abs(), mask))
     token_rewards = algorithms.scores_to_token_rewards(torch.tensor(batch.scores), mask)
     current_kl = None
     if ref_rows is not None:

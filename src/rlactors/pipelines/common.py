@@ -132,7 +132,7 @@ def update(run: Run, batch: TrainBatchRef) -> dict[str, float]:
     with timed(timings, "update_actor"):
         actor = run.actor.update_policy(batch, temperature)
     # Without an old-logprob pass the update measured the rollout/trainer gap (`old_logprobs_from_update`).
-    for name in ("trainer_kl", "logprob_abs_diff_max"):
+    for name in ("trainer_kl", "logprob_abs_diff_max", "logprob_abs_diff_mean"):
         if f"actor/rollout_{name}" in actor:
             actor[f"rollout/{name}"] = actor.pop(f"actor/rollout_{name}")
     for key in [k for k in actor if k.startswith("actor/rollout_corr/")]:  # bypass mode's, measured by the update

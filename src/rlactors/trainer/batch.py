@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from rlactors.routes import as_tensor
+from rlactors.models.routes import as_tensor
 from rlactors.types import Group
 
 # Fields filled from the rollout record; others are added by the driver and the trainers.
@@ -54,7 +54,7 @@ class TrainBatch:
     # ReMax: per sequence, the score of its group's greedy response (`Group.baseline`); else empty.
     baseline_scores: list[float] = field(default_factory=list)
     # MoE routing replay: per sequence, [prompt + response positions, layers, top_k] int16 expert ids
-    # the rollout engine chose, -1 where it recorded none (`rlactors.routes`); empty when not recorded.
+    # the rollout engine chose, -1 where it recorded none (`rlactors.models.routes`); empty when not recorded.
     routes: list[torch.Tensor] = field(default_factory=list)
 
     def __post_init__(self) -> None:

@@ -62,7 +62,8 @@ def actor_loss(algorithm: AlgorithmConfig, logits: torch.Tensor, micro: MicroBat
                              fields.get(IMPORTANCE_WEIGHTS), counts)
     if from_update:
         gap = (fields[ROLLOUT_LOGPROBS] - old) * mask
-        sums |= {"rollout_trainer_kl": gap.sum(), "rollout_logprob_abs_diff_max": gap.abs().max()}
+        sums |= {"rollout_trainer_kl": gap.sum(), "rollout_logprob_abs_diff_max": gap.abs().max(),
+                 "rollout_logprob_abs_diff_mean": gap.abs().sum()}
     if algorithm.use_kl_loss:
         kl = aggregate_loss(kl_penalty(logp, fields["ref_logprobs"], algorithm.kl_loss_type), mask,
                             algorithm.loss_agg_mode, **counts)

@@ -1,4 +1,4 @@
-"""A sample's MoE routing (`rlactors.routes`): joined across the vLLM requests of one response,
+"""A sample's MoE routing (`rlactors.models.routes`): joined across the vLLM requests of one response,
 decoded for the trainer with -1 where nothing was recorded, and kept whole by the buffer's
 checkpoint tables."""
 
@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from rlactors import routes
+from rlactors.models import routes
 from rlactors.buffer.storage import GROUPS_SCHEMA, _group_from, _group_row
 from rlactors.trainer.batch import build_micro_batch, train_batch_from_groups
 from rlactors.types import Group, PromptRequest, Sample
