@@ -7,8 +7,8 @@ import pyarrow as pa
 import pytest
 import torch
 
-from rlactors.models import routes
 from rlactors.buffer.storage import GROUPS_SCHEMA, _group_from, _group_row
+from rlactors.models import routes
 from rlactors.trainer.batch import build_micro_batch, train_batch_from_groups
 from rlactors.types import Group, PromptRequest, Sample
 

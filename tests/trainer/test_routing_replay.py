@@ -24,6 +24,17 @@ def _routes(record) -> torch.Tensor:
     return torch.stack(record.used, dim=1).reshape(3, 12, len(record.used), -1)
 
 
+def _record_then_move_the_routers(model, replay, ids, seed):
+    """The routing of `ids` as recorded now (the engine's, under the old weights), then a push to
+    every router (the trainer's weights moved): the record and its routes."""
+    with torch.no_grad(), replay.using(None, record=True) as record:
+        model(ids)
+    with torch.no_grad():
+        for router in replay.routers:
+            router.weight.add_(0.5 * torch.randn(router.weight.shape, generator=torch.Generator().manual_seed(seed)))
+    return record, _routes(record)
+
+
 def test_replaying_the_models_own_routing_changes_nothing(model):
     replay = RoutingReplay(model)
     assert (replay.num_layers, replay.layer_indices) == (2, [0, 1])
@@ -44,14 +55,8 @@ def test_a_moved_router_disagrees_and_replay_uses_the_recorded_experts_exactly(m
     """The engine's routing (recorded under the old weights) against a trainer whose routers moved:
     without replay a measurable share of (token, layer) pairs goes elsewhere; with replay every
     token goes exactly where the record says, per layer, and the router still gets a gradient."""
-    replay = RoutingReplay(model)
-    ids = _ids(1)
-    with torch.no_grad(), replay.using(None, record=True) as record:
-        model(ids)
-    routes = _routes(record)
-    with torch.no_grad():
-        for router in replay.routers:
-            router.weight.add_(0.5 * torch.randn(router.weight.shape, generator=torch.Generator().manual_seed(2)))
+    replay, ids = RoutingReplay(model), _ids(1)
+    record, routes = _record_then_move_the_routers(model, replay, ids, seed=2)
     every = torch.ones(36, dtype=torch.bool)
     with torch.no_grad(), replay.using(None, record=True) as moved:
         model(ids)
@@ -107,22 +112,16 @@ def test_the_step_sums_count_mismatches_and_the_loss_matches_transformers(model)
 
     from rlactors.trainer.routing_replay import load_balancing_loss, routing_sums
 
-    replay = RoutingReplay(model)
-    ids = _ids(4)
-    with torch.no_grad(), replay.using(None, record=True) as record:
-        model(ids)
-    routes = _routes(record)
-    with torch.no_grad():
-        for router in replay.routers:
-            router.weight.add_(0.5 * torch.randn(router.weight.shape, generator=torch.Generator().manual_seed(5)))
+    replay, ids = RoutingReplay(model), _ids(4)
+    _, routes = _record_then_move_the_routers(model, replay, ids, seed=5)
     with torch.no_grad(), replay.using(routes, record=True, replay=False) as compared:
         model(ids)
-    assert compared.num_unrecorded == 0 and all(torch.equal(u, o) for u, o in zip(compared.used, compared.own))
+    assert compared.num_unrecorded == 0 and all(torch.equal(u, o) for u, o in zip(compared.used, compared.own, strict=True))
     positions, weights = torch.arange(36), torch.ones(36)
     weights[30:] = 0  # tokens that do not train count nowhere
     sums = routing_sums(compared, positions, weights)
     expected = sum(mismatch_share([r[:30]], [o[:30]], torch.ones(30, dtype=torch.bool))
-                   for r, o in zip(compared.recorded, compared.own)) / 2 * 30
+                   for r, o in zip(compared.recorded, compared.own, strict=True)) / 2 * 30
     assert sums["routing_mismatch_share"].item() == pytest.approx(expected) and expected > 0
     assert sums["routing_unrecorded_share"].item() == 0
     load = expert_load(compared.used, 8, weights.bool())

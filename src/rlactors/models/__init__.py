@@ -1,5 +1,8 @@
 """Model folders: `folders` builds the tiny random-init models and their character-level tokenizer,
-and is the one loading path for every model folder, tiny or real (everything it exports is here)."""
+and is the one loading path for every model folder, tiny or real (everything it exports is here).
+Mixture-of-experts models: `moe` maps the trainer's fused experts to the checkpoint's one tensor per
+expert (every weight leaving the trainer goes through it) and counts active parameters; `routes`
+is the routing a sample carries from the rollout engine to the trainer (routing replay)."""
 
 from rlactors.models.folders import (
     ARCHITECTURES,

@@ -12,7 +12,12 @@ import json
 import os
 import sys
 
-from rlactors.placement.memory import count_active_parameters, count_parameters, estimate_memory, memory_verdict
+from rlactors.placement.memory import (
+    count_active_parameters,
+    count_parameters,
+    estimate_memory,
+    memory_verdict,
+)
 from rlactors.placement.plan import ClusterShape, make_plan
 from rlactors.weight_sync.choice import choose_for_plan
 

@@ -41,8 +41,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlactors.models import routes
 from rlactors.config import RolloutConfig, SamplingConfig
+from rlactors.models import routes
 from rlactors.rollout.admission import AdmissionGate, run_request
 from rlactors.rollout.engine_core import dead_error
 from rlactors.rollout.episode import environment_spec, run_episode

@@ -26,11 +26,10 @@ recorded experts on every recorded token of every layer.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-
-import re
 
 import torch
 
