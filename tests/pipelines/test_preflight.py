@@ -103,6 +103,12 @@ def test_a_context_longer_than_the_model_knows_is_refused(tmp_path, tiny_model_d
     assert "rollout.max_model_len=2048 > max_position_embeddings=1024" in message and "config.json" in message
 
 
+def test_routing_replay_on_a_dense_model_is_refused_naming_the_field(tmp_path, tiny_model_dir, tiny_moe_model_dir):
+    message = refusal(config_for(tmp_path, tiny_model_dir, "trainer.routing_replay=rollout"))
+    assert "trainer.routing_replay=rollout" in message and "(qwen2) has no experts" in message
+    check_model(config_for(tmp_path, tiny_moe_model_dir, "trainer.routing_replay=rollout"), tiny_moe_model_dir)
+
+
 def test_model_context_is_not_judged_when_rope_scaling_extends_it(tmp_path, tiny_model_dir):
     assert model_context_tokens(tiny_model_dir) == 1024
     scaled = json.loads((tiny_model_dir / "config.json").read_text())

@@ -67,19 +67,25 @@ def checkpoint_shapes(split: Split, name: str, shape: tuple[int, ...], dtype: to
 
 
 def is_moe_config(config) -> bool:
-    """Whether a transformers config routes tokens to experts (Qwen2/3-MoE and most other MoE
-    configs name the routed expert count `num_experts` or `num_local_experts`)."""
+    """Whether a transformers config (or its config.json as a dict) routes tokens to experts
+    (Qwen2/3-MoE and most other MoE configs name the routed expert count `num_experts` or
+    `num_local_experts`)."""
     return num_experts(config) > 0
 
 
 def num_experts(config) -> int:
-    config = getattr(config, "text_config", None) or config
-    return int(getattr(config, "num_experts", 0) or getattr(config, "num_local_experts", 0) or 0)
+    return int(_text_field(config, "num_experts") or _text_field(config, "num_local_experts") or 0)
 
 
 def num_experts_per_token(config) -> int:
-    config = getattr(config, "text_config", None) or config
-    return int(getattr(config, "num_experts_per_tok", 0) or 0)
+    return int(_text_field(config, "num_experts_per_tok") or 0)
+
+
+def _text_field(config, name: str):
+    """A field of the language model's config (a multimodal config nests it as `text_config`)."""
+    read = (lambda c, key: c.get(key)) if isinstance(config, dict) else (lambda c, key: getattr(c, key, None))
+    text = read(config, "text_config") or config
+    return read(text, name) if text is not None else None
 
 
 def active_parameters(model: torch.nn.Module) -> int:

@@ -216,7 +216,20 @@ def model_context_tokens(model_path: str | Path) -> int | None:
 
 def check_model(config: Config, model_path: str | Path) -> None:
     """`rollout.max_model_len` within the model's context: vLLM refuses to start otherwise
-    (unless VLLM_ALLOW_LONG_MAX_MODEL_LEN says to go past it)."""
+    (unless VLLM_ALLOW_LONG_MAX_MODEL_LEN says to go past it). Routing is recorded only for a
+    mixture-of-experts model: the engines would fail to start finding no router."""
+    if config.rollout.record_routing:
+        from rlactors.models.moe import is_moe_config
+
+        try:
+            model = json.loads((Path(model_path) / "config.json").read_text())
+        except (OSError, ValueError):
+            model = None
+        if model is not None and not is_moe_config(model):
+            raise PreflightError(
+                f"trainer.routing_replay=rollout (rollout.record_routing) needs a mixture-of-experts model; the "
+                f"model in {Path(model_path) / 'config.json'} ({model.get('model_type')}) has no experts"
+            )
     limit = model_context_tokens(model_path)
     if limit is None or os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0") not in ("", "0"):
         return

@@ -296,7 +296,8 @@ class RolloutRouter:
     def update_weights(self, named_tensors, policy_version: int, transport: str = "object_store",
                        bucket_bytes: int = 64 << 20, verify: bool = False) -> dict:
         """Send (HF name, tensor) pairs from this process to every live replica (tests and notebooks;
-        in a run the trainer sends its own weights). Returns the sync's figures (`WeightSender`).
+        in a run the trainer sends its own weights). Names are the checkpoint's: an MoE model's fused
+        experts go through `rlactors.models.moe.checkpoint_layout(model)` first. Returns the sync's figures (`WeightSender`).
         A replica revived later pulls the same pairs from the object store (`load_weights`): the
         router keeps a reference to the caller's pairs, which are the caller's to change."""
         from rlactors.weight_sync.choice import WeightSyncSettings

@@ -16,7 +16,7 @@ it has computed so far.
 A request's routing covers the positions its steps computed, from its first token: the prompt
 (the engine turns prefix caching off while it records, so no prompt position is served from a
 cache) and every response token fed back in, i.e. all but the last. A position never computed
-holds `UNRECORDED_EXPERT` (the dtype's largest value). Expert ids are uint8 where the model has
+holds the dtype's largest value (`unrecorded_expert`). Expert ids are uint8 where the model has
 fewer than 255 experts, else uint16.
 """
 
