@@ -21,14 +21,15 @@ from rlactors.pipelines import run_pipeline
 pytestmark = pytest.mark.vllm
 
 MOE = ["model.preset=tiny", "model.architecture=qwen3_moe", "trainer.routing_replay=rollout"]
+AUX = 0.01
 
 
 @pytest.fixture(scope="module")
 def colocated(warm_actors, tiny_moe_model_dir, tmp_path_factory):
-    """3 colocated GRPO steps, a checkpoint at step 2."""
+    """3 colocated GRPO steps with the router's load-balancing loss, a checkpoint at step 2."""
     warm_actors.close()
     config = tiny_config(tmp_path_factory.mktemp("moe"), tiny_moe_model_dir, *MOE, "pipeline.num_steps=3",
-                         "pipeline.checkpoint_every_steps=2")
+                         "pipeline.checkpoint_every_steps=2", f"trainer.router_aux_loss_coef={AUX}")
     return config, run_pipeline(config, warm=warm_actors)
 
 
@@ -44,6 +45,8 @@ def test_engines_hold_the_trainers_weights_after_every_sync(colocated):
         assert h["actor/grad_norm"] > 0
         assert h["actor/routing_mismatch_share"] == 0 and h["actor/routing_unrecorded_share"] == 0, h["step"]
         assert 1 / 8 <= h["actor/expert_load_max"] <= 1 and 0 <= h["actor/expert_load_min"] <= 1 / 8
+        # The Switch loss is 1 when balanced and at most num_experts: its share of the step's loss.
+        assert 0.5 * AUX < h["actor/router_aux_loss"] < 8 * AUX
 
 
 def test_a_resumed_moe_run_reproduces_the_next_step_exactly(colocated, warm_actors):

@@ -193,3 +193,23 @@ def routing_sums(record: RoutingRecord, positions: torch.Tensor, weights: torch.
         sums["expert_load_max"] = load.max() * total
         sums["expert_load_min"] = load.min() * total
     return sums
+
+
+def micro_batch_terms(record: RoutingRecord, micro, pad_token_id: int, aux_coefficient: float, token_share: float
+                      ) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+    """What a micro-batch's MoE forward pass adds to the actor's step (`micro` a
+    `rlactors.trainer.batch.MicroBatch`): the load-balancing loss over its real tokens, times
+    `aux_coefficient` and the micro-batch's `token_share` of the step's tokens so the step's terms
+    add up to a token-weighted mean (None when the coefficient is 0), and its `routing_sums` over
+    the positions that predict the tokens that train."""
+    if not record.used:
+        return None, {}
+    width = micro.input_ids.shape[1]
+    rows = torch.arange(micro.input_ids.shape[0], device=micro.mask.device).unsqueeze(1) * width
+    sums = routing_sums(record, (rows + micro.response_positions).reshape(-1), micro.mask.reshape(-1))
+    if not aux_coefficient:
+        return None, sums
+    real = (micro.input_ids != pad_token_id).reshape(-1)
+    aux = load_balancing_loss(record.router_logits, record.own, real) * aux_coefficient * token_share
+    sums["router_aux_loss"] = aux.detach()
+    return aux, sums

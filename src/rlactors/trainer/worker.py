@@ -46,7 +46,7 @@ from rlactors.trainer import checkpoint, fsdp, offload, policy_objective, rank_c
 from rlactors.trainer.batch import MicroBatch, TrainBatch, build_micro_batch, unpad_rows
 from rlactors.trainer.offload import resident
 from rlactors.trainer.plan import MiniBatchPlan
-from rlactors.trainer.routing_replay import RoutingReplay, load_balancing_loss, routing_sums
+from rlactors.trainer.routing_replay import RoutingReplay, micro_batch_terms
 
 
 class TrainerWorker:
@@ -123,32 +123,11 @@ class TrainerWorker:
     def _logits(self, micro: MicroBatch, temperature: float = 1.0) -> torch.Tensor:
         """`fsdp.response_logits`; on an MoE model with routing recorded, routed by the rollout's
         experts (`trainer.routing_replay=rollout`) or only compared with them, the pass's routing
-        kept in `self.routing.last` for `_routing_terms`."""
+        kept in `self.routing.last` for `routing_replay.micro_batch_terms`."""
         if self.routing is None:
             return fsdp.response_logits(self.model, micro, temperature)
         with self.routing.using(micro.routes, record=True, replay=self.trainer.routing_replay == "rollout"):
             return fsdp.response_logits(self.model, micro, temperature)
-
-    def _routing_terms(self, micro: MicroBatch, plan: MiniBatchPlan) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
-        """The last MoE pass's load-balancing loss (times `trainer.router_aux_loss_coef` and the
-        micro-batch's share of the step's tokens, so the step's terms add up to a token-weighted
-        mean; None when off) and its routing sums (`routing_replay.routing_sums`) over the tokens
-        that train."""
-        if self.routing is None or not self.routing.last.used:
-            return None, {}
-        record = self.routing.last
-        width = micro.input_ids.shape[1]
-        rows = torch.arange(micro.input_ids.shape[0], device=micro.mask.device).unsqueeze(1) * width
-        positions = (rows + micro.response_positions).reshape(-1)
-        sums = routing_sums(record, positions, micro.mask.reshape(-1))
-        coefficient = self.trainer.router_aux_loss_coef
-        if not coefficient:
-            return None, sums
-        real = (micro.input_ids != self.pad_token_id).reshape(-1)
-        aux = load_balancing_loss(record.router_logits, record.own, real) * coefficient * (
-            micro.num_tokens / max(plan.num_tokens, 1))
-        sums["router_aux_loss"] = aux.detach()
-        return aux, sums
 
     def _micro_batch(self, batch: TrainBatch, indices: list[int], fields: tuple[str, ...] = ()) -> MicroBatch:
         """One micro-batch on this rank's device. A token id outside the vocabulary is an error
@@ -218,7 +197,9 @@ class TrainerWorker:
         def loss_fn(micro: MicroBatch, plan: MiniBatchPlan) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             logits = self._logits(micro, temperature)
             loss, sums = policy_objective.actor_loss(algorithm, logits, micro, self._counts(plan), from_update)
-            aux, routing = self._routing_terms(micro, plan)
+            aux, routing = (None, {}) if self.routing is None else micro_batch_terms(
+                self.routing.last, micro, self.pad_token_id, self.trainer.router_aux_loss_coef,
+                micro.num_tokens / max(plan.num_tokens, 1))
             return (loss if aux is None else loss + aux), sums | routing
 
         return self._train(batch, plans, fields, loss_fn, "actor", self.trainer.num_epochs)
