@@ -1,8 +1,9 @@
 """A mixture-of-experts model through the whole stack (Ray, vLLM, FSDP2, buffer) on the tiny
 Qwen3-MoE (8 experts, 2 routed per token), with routing replay: a colocated GRPO run whose engines
 hold the trainer's weights after every sync (the fused experts sent one tensor per expert) and
-record the experts of every token, which reach the trainer; its exact resume and its Hugging Face
-export; and a fully-async PPO run with a critic, stale samples, partial rollouts and replay.
+record the experts of every token, which reach the trainer; a run on its kept engines that learns;
+its exact resume and its Hugging Face export; and a fully-async PPO run with a critic, stale
+samples, partial rollouts and replay.
 
 Below these runs: the weight mapping bit for bit and the preset (tests/models/test_moe.py), the
 trainer routing exactly by a record, per token and layer (tests/trainer/test_routing_replay.py),
