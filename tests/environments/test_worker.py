@@ -66,13 +66,26 @@ def test_a_failing_step_raises_naming_the_environment_and_cause(name, expected):
 def test_an_environment_that_does_not_build_fails_its_first_call(tmp_path):
     (tmp_path / "bad.py").write_text("class Env:\n    def __init__(self, **kwargs):\n        raise ValueError('no')\n")
 
-    async def main():
+    async def main(wait_for_its_end: bool):
         worker = await EpisodeWorker.start(f"{tmp_path}/bad.py:Env", "d", "g", {}, 5.0)
+        if wait_for_its_end:  # the process reported and exited before the first call: its pipe is closed
+            deadline = time.monotonic() + 10
+            while _running(worker.pid) and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
         with pytest.raises(EnvironmentFailure, match="(?s)bad.py:Env.* failed: building it: .*ValueError: no"):
             await worker.reset()
         worker.close()
 
-    run(main())
+    run(main(wait_for_its_end=False))
+    run(main(wait_for_its_end=True))
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is alive (a zombie, exited but not reaped by its parent, is not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def test_closing_an_episode_kills_the_processes_its_environment_started(tmp_path):

@@ -199,7 +199,10 @@ class EpisodeWorker:
     async def _call(self, kind: str, payload):
         what = f"environment {self.spec!r} {kind}()"
         try:
-            self.connection.send((kind, payload))
+            try:
+                self.connection.send((kind, payload))
+            except OSError:
+                pass  # the process has ended: what it said before (its build error) is still to be read
             status, value = await asyncio.wait_for(_receive(self.connection), self.timeout_s)
         except TimeoutError:
             self.close()
