@@ -16,9 +16,10 @@ where the model normalises its top-k), so gradients still reach the router.
 Routes are indexed by decoder layer, as vLLM records them (a dense layer's entries are unused):
 the k-th router reads `routes[:, :, replay.layer_indices[k]]`.
 
-Rule for a token without recorded routing (its row holds -1, e.g. an observation token of a
-multi-turn episode, padding, a prompt token the engine did not run): the trainer routes it itself,
-and `num_unrecorded` counts it, so the share is reported, never hidden.
+Rule for a token without recorded routing (its row holds -1: the response's last token, which the
+engine never ran; padding; a sample from an engine that did not record): the trainer routes it
+itself, and `num_unrecorded` counts it, so the share is reported, never hidden. (An episode's
+observation tokens are recorded: the engine runs them as the next turn's prompt.)
 
 Invariant: `routes=None` leaves the model's routing untouched; with routes, `used` equals the
 recorded experts on every recorded token of every layer.
