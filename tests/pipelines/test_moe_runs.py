@@ -3,7 +3,7 @@ Qwen3-MoE (8 experts, 2 routed per token), with routing replay: a colocated GRPO
 hold the trainer's weights after every sync (the fused experts sent one tensor per expert) and
 record the experts of every token, which reach the trainer; a run on its kept engines that learns;
 its exact resume and its Hugging Face export; and a fully-async PPO run with a critic, stale
-samples, partial rollouts and replay.
+samples, partial rollouts, gradient checkpointing and replay.
 
 Below these runs: the weight mapping bit for bit and the preset (tests/models/test_moe.py), the
 trainer routing exactly by a record, per token and layer (tests/trainer/test_routing_replay.py),
@@ -96,7 +96,8 @@ def test_fully_async_ppo_with_a_critic_trains_the_moe_model(warm_actors, tiny_mo
     history = run_pipeline(tiny_config(
         tmp_path, tiny_moe_model_dir, *MOE, "pipeline.mode=async", "rollout.partial_rollout=true",
         "pipeline.num_steps=3", "buffer.max_staleness=1", "buffer.staleness_threshold=1.0", "algorithm.name=ppo",
-        "algorithm.advantage=gae", "trainer.critic_optim.lr=1e-3"), warm=warm_actors)
+        "algorithm.advantage=gae", "trainer.critic_optim.lr=1e-3", "trainer.gradient_checkpointing=true"),
+        warm=warm_actors)
     assert [h["step"] for h in history] == [0, 1, 2, 3]
     assert max(h["staleness/max"] for h in history[1:]) <= 1
     for h in history[1:]:

@@ -133,3 +133,31 @@ def test_the_step_sums_count_mismatches_and_the_loss_matches_transformers(model)
         alone = load_balancing_loss([compared.router_logits[layer]], [compared.own[layer]], every)
         assert alone.item() == pytest.approx(theirs.item() / 2, rel=1e-5)
     assert 1.0 <= ours.item() < 8.0
+
+
+def test_replay_held_through_backward_gives_checkpointed_gradients_their_routing(tiny_moe_model_dir):
+    """Gradient checkpointing runs each layer's forward again in the backward pass: replay must
+    still be on there (the trainer holds it through `backward()`), or the recomputed layers route
+    by the moved router and the gradients belong to another network (here torch's checkpoint
+    check refuses the recomputation)."""
+    def gradients(checkpointing: bool, hold_through_backward: bool) -> torch.Tensor:
+        model = load_model(tiny_moe_model_dir).train()
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        replay = RoutingReplay(model)
+        _, routes = _record_then_move_the_routers(model, replay, _ids(6), seed=7)
+        with replay.using(routes):
+            loss = model(_ids(6)).logits.logsumexp(-1).sum()
+            if hold_through_backward:
+                loss.backward()
+        if not hold_through_backward:
+            loss.backward()
+        return torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+
+    plain = gradients(checkpointing=False, hold_through_backward=True)
+    torch.testing.assert_close(gradients(checkpointing=True, hold_through_backward=True), plain)
+    try:  # released before backward: torch notices the recomputation differs, or the gradients do
+        released = gradients(checkpointing=True, hold_through_backward=False)
+    except torch.utils.checkpoint.CheckpointError:
+        released = None
+    assert released is None or not torch.allclose(released, plain)

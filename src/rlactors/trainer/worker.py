@@ -23,6 +23,7 @@ pass, export, offload and onload is appended to `phase_log()` with this process'
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
@@ -120,14 +121,17 @@ class TrainerWorker:
         return {"rank": self.rank, "pid": os.getpid(), "device": str(self.device), "num_parameters": sum(
             p.numel() for p in self.model.parameters())}
 
-    def _logits(self, micro: MicroBatch, temperature: float = 1.0) -> torch.Tensor:
-        """`fsdp.response_logits`; on an MoE model with routing recorded, routed by the rollout's
-        experts (`trainer.routing_replay=rollout`) or only compared with them, the pass's routing
-        kept in `self.routing.last` for `routing_replay.micro_batch_terms`."""
+    @contextlib.contextmanager
+    def _routed(self, micro: MicroBatch):
+        """On an MoE model, the forward passes within route by the rollout's recorded experts
+        (`trainer.routing_replay=rollout`) or only compare with them; the pass's routing is kept in
+        `self.routing.last` for `routing_replay.micro_batch_terms`. An update holds it through its
+        backward: gradient checkpointing runs the forward again there, and must route alike."""
         if self.routing is None:
-            return fsdp.response_logits(self.model, micro, temperature)
+            yield
+            return
         with self.routing.using(micro.routes, record=True, replay=self.trainer.routing_replay == "rollout"):
-            return fsdp.response_logits(self.model, micro, temperature)
+            yield
 
     def _micro_batch(self, batch: TrainBatch, indices: list[int], fields: tuple[str, ...] = ()) -> MicroBatch:
         """One micro-batch on this rank's device. A token id outside the vocabulary is an error
@@ -157,7 +161,8 @@ class TrainerWorker:
         out = []
         for indices in plan.micro_batches[0]:
             micro = self._micro_batch(batch, indices)
-            logits = self._logits(micro, temperature)
+            with self._routed(micro):
+                logits = fsdp.response_logits(self.model, micro, temperature)
             rows = unpad_rows(logprobs_from_logits(logits, micro.labels), micro)
             entropies = [e for _, e in unpad_rows(chunked_entropy_from_logits(logits), micro)] if with_entropy \
                 else [None] * len(rows)
@@ -195,7 +200,7 @@ class TrainerWorker:
         fields = policy_objective.actor_fields(algorithm, batch.token_fields, from_update)
 
         def loss_fn(micro: MicroBatch, plan: MiniBatchPlan) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-            logits = self._logits(micro, temperature)
+            logits = fsdp.response_logits(self.model, micro, temperature)  # routed by `_train`'s `_routed`
             loss, sums = policy_objective.actor_loss(algorithm, logits, micro, self._counts(plan), from_update)
             aux, routing = (None, {}) if self.routing is None else micro_batch_terms(
                 self.routing.last, micro, self.pad_token_id, self.trainer.router_aux_loss_coef,
@@ -223,7 +228,7 @@ class TrainerWorker:
         self._start("sft_step", ("actor",))
 
         def loss_fn(micro: MicroBatch, plan: MiniBatchPlan) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-            logp = logprobs_from_logits(self._logits(micro), micro.labels)
+            logp = logprobs_from_logits(fsdp.response_logits(self.model, micro), micro.labels)
             loss = sft_loss(logp, micro.mask, global_num_tokens=plan.num_tokens)
             return loss, {"sft_loss": loss}
 
@@ -248,8 +253,9 @@ class TrainerWorker:
                     # rank ever holds a full gradient.
                     self.model.set_requires_gradient_sync(self.world_size > 1 or k == len(micro_batches) - 1)
                     micro = self._micro_batch(batch, indices, tuple(fields))
-                    loss, micro_sums = loss_fn(micro, plan)
-                    (loss * self.world_size).backward()
+                    with self._routed(micro):
+                        loss, micro_sums = loss_fn(micro, plan)
+                        (loss * self.world_size).backward()
                     step_metrics.accumulate(sums, micro_sums)
                 step = step_metrics.reduce_over_ranks(sums, plan.num_tokens)
                 step.update(self._optimizer_step(finite=math.isfinite(step_metrics.total_loss(step))))
