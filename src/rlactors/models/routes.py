@@ -14,6 +14,17 @@ import numpy as np
 from rlactors.types import Sample
 
 
+def routing_dtype(num_experts: int) -> np.dtype:
+    """Expert ids are uint8 where the model has fewer than 255 experts, else uint16: the largest
+    value is kept free to mark a position with no record (`unrecorded_expert`)."""
+    return np.dtype(np.uint8 if num_experts < 255 else np.uint16)
+
+
+def unrecorded_expert(dtype: np.dtype) -> int:
+    """The stored value of a position the engine never ran: the dtype's largest."""
+    return int(np.iinfo(dtype).max)
+
+
 def decode(routes: bytes, shape: list[int]) -> np.ndarray:
     """The [positions, layers, top_k] expert ids in their stored dtype (uint8 or uint16)."""
     count = int(np.prod(shape)) if shape else 0
@@ -58,6 +69,6 @@ def as_tensor(sample: Sample, num_positions: int):
     stored = decode(sample.routed_experts, sample.routed_experts_shape)[:num_positions]
     routes = torch.full((num_positions, *stored.shape[1:]), -1, dtype=torch.int16)
     values = torch.from_numpy(stored.astype(np.int32))
-    values[values == np.iinfo(stored.dtype).max] = -1
+    values[values == unrecorded_expert(stored.dtype)] = -1
     routes[:len(stored)] = values.to(torch.int16)
     return routes

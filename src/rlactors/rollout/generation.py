@@ -214,11 +214,10 @@ async def take_routing(call: GenerateCall, sample: Sample, request_id: str, comp
     vLLM's worker (`rlactors.rollout.routing_capture`)."""
     import numpy as np
 
-    from rlactors.rollout.routing_capture import routing_dtype
-
     recorded = getattr(completion, "routed_experts", None)
     if recorded is not None:  # [positions, layers, top_k] from position 0 (routed_experts_prompt_start)
-        recorded = np.ascontiguousarray(recorded, dtype=routing_dtype(call.llm.model_config.get_num_experts()))
+        num_experts = call.llm.model_config.get_num_experts()
+        recorded = np.ascontiguousarray(recorded, dtype=routes.routing_dtype(num_experts))
         routes.merge(sample, recorded.tobytes(), list(recorded.shape))
         return
     per_worker = await asyncio.wait_for(call.llm.collective_rpc("rlactors_take_routing", args=([request_id],)),

@@ -16,23 +16,17 @@ it has computed so far.
 A request's routing covers the positions its steps computed, from its first token: the prompt
 (the engine turns prefix caching off while it records, so no prompt position is served from a
 cache) and every response token fed back in, i.e. all but the last. A position never computed
-holds the dtype's largest value (`unrecorded_expert`). Expert ids are uint8 where the model has
-fewer than 255 experts, else uint16.
+holds the dtype's largest value, and expert ids are uint8 or uint16 by expert count
+(`rlactors.models.routes.routing_dtype`, `unrecorded_expert`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from rlactors.models.routes import routing_dtype, unrecorded_expert
+
 MAX_KEPT_REQUESTS = 8192  # routing of requests nobody took (an engine actor that died) is dropped oldest first
-
-
-def routing_dtype(num_experts: int) -> np.dtype:
-    return np.dtype(np.uint8 if num_experts < 255 else np.uint16)
-
-
-def unrecorded_expert(dtype: np.dtype) -> int:
-    return int(np.iinfo(dtype).max)
 
 
 class RoutingCapture:

@@ -133,10 +133,15 @@ def mismatch_share(used: list[torch.Tensor], own: list[torch.Tensor], valid: tor
     used. `valid` [N] bool marks the tokens that count (recorded, real)."""
     num_pairs, num_different = 0, 0
     for layer_used, layer_own in zip(used, own, strict=True):
-        different = (layer_used.sort(dim=-1).values != layer_own.sort(dim=-1).values).any(dim=-1)
-        num_different += int(different[valid].sum())
+        num_different += int(different_sets(layer_used, layer_own)[valid].sum())
         num_pairs += int(valid.sum())
     return num_different / num_pairs if num_pairs else 0.0
+
+
+def different_sets(experts: torch.Tensor, others: torch.Tensor) -> torch.Tensor:
+    """[N] bool: whether row n of two [N, k] expert-id tensors names a different set of experts
+    (the order within a top-k does not matter)."""
+    return (experts.long().sort(dim=-1).values != others.long().sort(dim=-1).values).any(dim=-1)
 
 
 def expert_load(used: list[torch.Tensor], num_experts: int, valid: torch.Tensor) -> torch.Tensor:
@@ -147,7 +152,6 @@ def expert_load(used: list[torch.Tensor], num_experts: int, valid: torch.Tensor)
         counts = torch.bincount(layer_used[valid].reshape(-1), minlength=num_experts).float()
         rows.append(counts / counts.sum().clamp(min=1))
     return torch.stack(rows) if rows else torch.zeros(0, num_experts)
-
 
 
 def load_balancing_loss(router_logits: list[torch.Tensor], own: list[torch.Tensor], valid: torch.Tensor
@@ -181,7 +185,7 @@ def routing_sums(record: RoutingRecord, positions: torch.Tensor, weights: torch.
         for recorded, own in zip(record.recorded, record.own, strict=True):
             recorded, own = recorded[positions], own[positions]
             missing = (recorded < 0).any(dim=-1)
-            differs = (recorded.long().sort(dim=-1).values != own.sort(dim=-1).values).any(dim=-1) & ~missing
+            differs = different_sets(recorded, own) & ~missing
             different += differs.float() / len(record.own)
             unrecorded += missing.float() / len(record.own)
         sums["routing_mismatch_share"] = (different * weights).sum()
