@@ -32,13 +32,14 @@ def count_parameters(model_path: str | Path) -> int | None:
     return None if model is None else sum(parameter.numel() for parameter in model.parameters())
 
 
-def count_active_parameters(model_path: str | Path) -> int | None:
-    """Parameters one token passes through (`rlactors.models.moe.active_parameters`): for a
-    dense model all of them, for an MoE model its routed top-k experts and everything else."""
+def parameter_counts(model_path: str | Path) -> tuple[int, int] | None:
+    """(all parameters, those one token passes through: `rlactors.models.moe.active_parameters`)
+    of the model folder's architecture, from one meta-device build; None without a config.json.
+    A dense model's two counts are equal."""
     from rlactors.models.moe import active_parameters
 
     model = _meta_model(model_path)
-    return None if model is None else active_parameters(model)
+    return None if model is None else (sum(p.numel() for p in model.parameters()), active_parameters(model))
 
 
 def _meta_model(model_path: str | Path):

@@ -12,12 +12,7 @@ import json
 import os
 import sys
 
-from rlactors.placement.memory import (
-    count_active_parameters,
-    count_parameters,
-    estimate_memory,
-    memory_verdict,
-)
+from rlactors.placement.memory import estimate_memory, memory_verdict, parameter_counts
 from rlactors.placement.plan import ClusterShape, make_plan
 from rlactors.weight_sync.choice import choose_for_plan
 
@@ -50,8 +45,7 @@ def plan_report(config, cluster: ClusterShape, device_memory_bytes: int | None =
     plan = make_plan(config, cluster)
     report = plan.to_dict()
     try:
-        num_parameters = count_parameters(config.model.path)
-        num_active_parameters = count_active_parameters(config.model.path)
+        num_parameters, num_active_parameters = parameter_counts(config.model.path) or (None, None)
     except ValueError as error:
         num_parameters, num_active_parameters, report["memory_note"] = None, None, str(error)
     report["num_parameters"], report["num_active_parameters"] = num_parameters, num_active_parameters
