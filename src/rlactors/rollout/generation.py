@@ -44,7 +44,7 @@ from typing import Any
 from rlactors.config import RolloutConfig, SamplingConfig
 from rlactors.models import routes
 from rlactors.rollout.admission import AdmissionGate, run_request
-from rlactors.rollout.engine_core import dead_error
+from rlactors.rollout.engine_core import dead_error, until_dead
 from rlactors.rollout.episode import environment_spec, run_episode
 from rlactors.rollout.samples import (
     SamplingArg,
@@ -192,8 +192,8 @@ async def generate_turn(call: GenerateCall, sample: Sample, request: PromptReque
             return "abort"
         num_routed = sample.routed_experts_shape[0] if sample.routed_experts_shape else 0
         completion = final.outputs[0]
-        if call.config.record_routing:
-            await take_routing(call, sample, request_id, completion)
+        if call.config.record_routing and not await take_routing(call, sample, request_id, completion):
+            return "error"
         interrupted = completion.finish_reason == "abort" and request.group_id not in requests.user_aborted
         requests.num_interrupted += interrupted
         if interrupted and call.config.on_abort == "requeue":
@@ -208,10 +208,12 @@ async def generate_turn(call: GenerateCall, sample: Sample, request: PromptReque
             return completion.finish_reason
 
 
-async def take_routing(call: GenerateCall, sample: Sample, request_id: str, completion) -> None:
+async def take_routing(call: GenerateCall, sample: Sample, request_id: str, completion) -> bool:
     """Add the experts the finished request `request_id` routed each position to to `sample`'s
     routing: vLLM's own record where it returns one (Model Runner V2, GPUs), else ours, kept in
-    vLLM's worker (`rlactors.rollout.routing_capture`)."""
+    vLLM's worker (`rlactors.rollout.routing_capture`). False, with the sample's error set, when
+    the worker does not hand it over within `ROUTING_TIMEOUT_S`; a dead engine core raises as a
+    request does."""
     import numpy as np
 
     recorded = getattr(completion, "routed_experts", None)
@@ -219,12 +221,18 @@ async def take_routing(call: GenerateCall, sample: Sample, request_id: str, comp
         num_experts = call.llm.model_config.get_num_experts()
         recorded = np.ascontiguousarray(recorded, dtype=routes.routing_dtype(num_experts))
         routes.merge(sample, recorded.tobytes(), list(recorded.shape))
-        return
-    per_worker = await asyncio.wait_for(call.llm.collective_rpc("rlactors_take_routing", args=([request_id],)),
-                                        ROUTING_TIMEOUT_S)
+        return True
+    asked = asyncio.wait_for(call.llm.collective_rpc("rlactors_take_routing", args=([request_id],)), ROUTING_TIMEOUT_S)
+    try:
+        per_worker = await until_dead(call.llm, asked, lambda: dead_error(call.llm, "take_routing", call.error_file))
+    except TimeoutError:
+        sample.error = (f"prompt_id={sample.prompt_id!r} sample {sample.sample_index}: vLLM's worker did not hand "
+                        f"over the routing of request {request_id!r} within {ROUTING_TIMEOUT_S:g} s")
+        return False
     taken = per_worker[0].get(request_id)  # tensor-parallel ranks route alike: the first one's
     if taken is not None:
         routes.merge(sample, *taken)
+    return True
 
 
 @functools.cache
