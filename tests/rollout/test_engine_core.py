@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import time
@@ -17,10 +18,11 @@ from rlactors.rollout.engine_core import vllm_processes
 
 # A child that names itself as vLLM's processes do (the kernel's `comm`, what psutil's name() reads).
 NAMED_CHILD = "open('/proc/self/comm', 'w').write('VLLM::Fake'); import time; time.sleep(60)"
+BUSY_CHILD = "open('/proc/self/comm', 'w').write('VLLM::Fake'); import time; end = time.monotonic() + 60\nwhile time.monotonic() < end: pass"
 
 
-def start_named_child() -> subprocess.Popen:
-    child = subprocess.Popen([sys.executable, "-c", NAMED_CHILD])
+def start_named_child(busy: bool = False) -> subprocess.Popen:
+    child = subprocess.Popen([sys.executable, "-c", BUSY_CHILD if busy else NAMED_CHILD])
     deadline = time.monotonic() + 30
     while psutil.Process(child.pid).name() != "VLLM::Fake":
         if time.monotonic() > deadline:
@@ -75,3 +77,31 @@ def test_vllm_calls_stop_vllm_only_once_no_call_awaits_an_answer_and_continue_it
 
     asyncio.run(scenario())
     assert events == ["continue", "stop", "continue"]  # the next call took the stop back for good
+
+
+def test_suspension_returns_once_every_process_is_stopped_and_resume_continues_them(monkeypatch, caplog):
+    monkeypatch.setattr(engine_core, "_FOUND", {})
+    # A busy vLLM stand-in that seldom gets its core (a busy neighbour, and the idle scheduling class):
+    # SIGSTOP takes effect only when it next runs, as on a loaded machine.
+    neighbour = subprocess.Popen([sys.executable, "-c", BUSY_CHILD.split("; ", 1)[1]])  # not named vLLM
+    child = start_named_child(busy=True)
+    try:
+        core = min(os.sched_getaffinity(0))
+        for pid in (neighbour.pid, child.pid):
+            os.sched_setaffinity(pid, {core})
+        os.sched_setscheduler(child.pid, os.SCHED_IDLE, os.sched_param(0))
+        suspension = engine_core.Suspension()
+        suspension.suspend()
+        assert psutil.Process(child.pid).status() == psutil.STATUS_STOPPED
+        suspension.resume()
+        assert psutil.Process(child.pid).status() != psutil.STATUS_STOPPED
+        # One that never reports stopped: the wait ends at its bound and names the process.
+        monkeypatch.setattr(engine_core, "STOP_TIMEOUT_S", 0.05)
+        monkeypatch.setattr(engine_core, "stopped", lambda process: False)
+        suspension.suspend()
+        assert f"[{child.pid}] were sent SIGSTOP" in caplog.text
+        suspension.resume()
+    finally:
+        for process in (child, neighbour):
+            process.kill()
+            process.wait()

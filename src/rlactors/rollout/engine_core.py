@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import logging
 import os
 import signal
+import time
 from collections.abc import Awaitable, Callable
 
 from rlactors.config import RolloutConfig
@@ -35,8 +37,11 @@ from rlactors.runtime.device import engine_env, keep_front_end_off_model_cores
 from rlactors.runtime.logs import vllm_environment
 from rlactors.runtime.session import session_dir
 
+logger = logging.getLogger(__name__)
+
 DEATH_POLL_S = 0.25  # how often a wait on the engine core checks that it still lives; vLLM notices within ~1 s
 MEMORY_RPC_TIMEOUT_S = 30.0  # a memory reading is a few calls in the worker; past this the engine is stuck
+STOP_TIMEOUT_S = 2.0  # a SIGSTOPped process stops once it runs again; on 2 busy cores that takes milliseconds
 
 
 def prepare_environment(platform: str, config: RolloutConfig) -> str:
@@ -259,6 +264,8 @@ class Suspension:
         atexit.register(self.resume)
 
     def suspend(self) -> None:
+        """Stop vLLM's processes and return once each is stopped: SIGSTOP takes effect only when the
+        process is next scheduled, and whoever slept the engine wants its cores from now on."""
         import psutil
 
         self.resume()
@@ -268,6 +275,13 @@ class Suspension:
                 self.processes.append(process)
             except psutil.NoSuchProcess:
                 pass
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while running := [process.pid for process in self.processes if not stopped(process)]:
+            if time.monotonic() > deadline:
+                logger.warning("vLLM processes %s were sent SIGSTOP but still ran after %.2f s", running,
+                               STOP_TIMEOUT_S)
+                return
+            time.sleep(0.005)
 
     def resume(self) -> None:
         import psutil
@@ -278,6 +292,16 @@ class Suspension:
                 process.resume()
             except psutil.NoSuchProcess:
                 pass
+
+
+def stopped(process) -> bool:
+    """Whether `process` is stopped, or gone (nothing left to stop)."""
+    import psutil
+
+    try:
+        return process.status() in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return True
 
 
 class VllmCalls:
