@@ -7,6 +7,7 @@
     sections.py    the sections of a run (model, data, rollout, reward, buffer, trainer, pipeline)
                    and `Config`, their root
     algorithm.py   the algorithm's section: advantage estimator, policy loss, KL, rollout correction
+    lora.py        the actor's LoRA adapters (`model.lora`)
     loading.py     YAML and overrides onto `Config`; a bad key or value names its dotted path
 """
 
@@ -19,6 +20,7 @@ from rlactors.config.loading import (
     load_config,
     parse_override,
 )
+from rlactors.config.lora import LoraConfig
 from rlactors.config.section import ConfigError, Section
 from rlactors.config.sections import (
     DEFAULT_LOGGERS,
@@ -39,7 +41,7 @@ from rlactors.config.sections import (
 
 __all__ = [
     "DEFAULT_LOGGERS", "AlgorithmConfig", "BufferConfig", "Config", "ConfigError", "DataConfig", "EnvironmentConfig",
-    "ModelConfig", "OptimConfig", "OverlongConfig", "PipelineConfig", "RewardConfig", "RolloutConfig",
+    "LoraConfig", "ModelConfig", "OptimConfig", "OverlongConfig", "PipelineConfig", "RewardConfig", "RolloutConfig",
     "RolloutCorrectionConfig", "SamplingConfig", "Section", "TrainerConfig", "ValidationSamplingConfig", "build_config",
     "config_to_dict", "describe_fields", "dump_config", "load_config", "parse_override",
 ]

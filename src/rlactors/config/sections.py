@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from rlactors.config.algorithm import AlgorithmConfig
+from rlactors.config.lora import LoraConfig
 from rlactors.config.section import Section
 
 # What `pipeline.loggers` is when not set; tensorboard in it may be missing (see that field).
@@ -42,6 +43,7 @@ class ModelConfig(Section):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Weight dtype for rollout and training; auto is float32 on CPU, bfloat16 on GPU."
     )
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapters on the actor (rank 0: none).")
 
     @model_validator(mode="after")
     def _build_needs_a_preset(self) -> ModelConfig:

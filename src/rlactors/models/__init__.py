@@ -2,7 +2,9 @@
 and is the one loading path for every model folder, tiny or real (everything it exports is here).
 Mixture-of-experts models: `moe` maps the trainer's fused experts to the checkpoint's one tensor per
 expert (every weight leaving the trainer goes through it) and counts active parameters; `routes`
-is the routing a sample carries from the rollout engine to the trainer (routing replay)."""
+is the routing a sample carries from the rollout engine to the trainer (routing replay). LoRA:
+`lora` puts peft adapters on a model, switches them off for the reference policy, merges them into
+the weights the engines get, and writes the adapter in peft's format."""
 
 from rlactors.models.folders import (
     ARCHITECTURES,

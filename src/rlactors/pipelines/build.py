@@ -147,15 +147,20 @@ def start_trainers(config: Config, model_path: str, trainer_config, placement, t
     algorithm = config.algorithm
     norm_tokens = algorithm.loss_norm_tokens or config.rollout.sampling.max_response_tokens
     keys = {role: trainer_key(role, trainer_config) for role in trainer_roles(config)}
+
+    def lora_of(role: str):
+        return config.model.lora if role == "actor" and config.model.lora.enabled else None
+
     if take_kept is not None:
         taken.update(take_kept(list(keys.values())))
     for role, role_key in keys.items():
         if role_key in taken:
             trainers[role] = taken.pop(role_key)
-            trainers[role].start_run(model_path, trainer_config, algorithm, config.pipeline.seed, norm_tokens)
+            trainers[role].start_run(model_path, trainer_config, algorithm, config.pipeline.seed, norm_tokens,
+                                     lora=lora_of(role))
         else:
             trainers[role] = TrainerGroup(role, model_path, trainer_config, algorithm, seed=config.pipeline.seed,
-                                          norm_tokens=norm_tokens, placement=placement)
+                                          norm_tokens=norm_tokens, placement=placement, lora=lora_of(role))
 
 
 def build_run(config: Config, model_path: str | None = None, warm: WarmActors | None = None) -> Run:

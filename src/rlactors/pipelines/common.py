@@ -23,6 +23,7 @@ from rlactors.buffer.records import SampledBatchRef
 from rlactors.config import Config
 from rlactors.metrics import MetricsLogger, plot_metrics
 from rlactors.pipelines.build import Run, requests_for
+from rlactors.placement.plan import needs_reference_policy
 from rlactors.runtime.calls import get_within
 from rlactors.trainer.batch import TrainBatchRef
 from rlactors.types import PromptRequest
@@ -87,7 +88,9 @@ def prepare_batch(run: Run, sampled: SampledBatchRef) -> tuple[TrainBatchRef, di
     driver passes refs along and receives lengths and metrics (see `rlactors.pipelines.batch_builder`)."""
     algorithm, temperature = run.config.algorithm, run.config.rollout.sampling.temperature
     timings: dict[str, float] = {}
-    old_pass, ref_pass = old_logprob_pass(run.config), run.reference is not None
+    # A LoRA actor is its own reference policy: its base, adapters off (no reference group runs).
+    base_as_reference = run.reference is None and run.config.model.lora.enabled and needs_reference_policy(run.config)
+    old_pass, ref_pass = old_logprob_pass(run.config), run.reference is not None or base_as_reference
     values_pass = algorithm.advantage == "gae"
     if not (old_pass or ref_pass or values_pass):
         with timed(timings, "adv"):  # no trainer pass first: assembly (its time counted here) and advantages in one call
@@ -106,7 +109,8 @@ def prepare_batch(run: Run, sampled: SampledBatchRef) -> tuple[TrainBatchRef, di
             old_rows = run.actor.logprob_rows(batch, temperature)
     if ref_pass:
         with timed(timings, "ref"):
-            ref_rows = run.reference.logprob_rows(batch, temperature)
+            ref_rows = run.actor.logprob_rows(batch, temperature, base=True) if base_as_reference \
+                else run.reference.logprob_rows(batch, temperature)
     if values_pass:
         with timed(timings, "values"):
             value_rows = run.critic.value_rows(batch)

@@ -7,6 +7,8 @@ What is counted, per device, in bytes (activations are not: they depend on micro
 - actor, critic: fp32 parameters, fp32 gradients and AdamW's two fp32 moments (16 bytes per
   parameter), sharded by FSDP over `trainer.num_workers` ranks;
 - reference: fp32 parameters (4 bytes per parameter) over the same ranks;
+- an actor with LoRA adapters (`model.lora`): the frozen base's fp32 parameters (4 bytes each) and
+  16 bytes per adapter parameter; its base is the reference policy, so no reference is counted;
 - rollout: the engine's weights in its dtype over its tensor-parallel ranks, and the KV-cache budget
   vLLM takes: `gpu_memory_utilization` x device memory minus those weights.
 Colocated devices are checked phase by phase: while the engines generate the trainer's state stays
@@ -42,6 +44,21 @@ def parameter_counts(model_path: str | Path) -> tuple[int, int] | None:
     return None if model is None else (sum(p.numel() for p in model.parameters()), active_parameters(model))
 
 
+def adapter_parameter_count(model_path: str | Path, lora_config) -> int | None:
+    """The trainable parameters of `model.lora`'s adapters on the model folder's architecture
+    (peft's own layers on a meta-device build), or None without a config.json."""
+    from rlactors.models.lora import add_adapters
+
+    model = _meta_model(model_path)
+    if model is None:
+        return None
+    import torch
+
+    with torch.device("meta"):
+        add_adapters(model, lora_config)
+    return sum(parameter.numel() for parameter in model.parameters() if parameter.requires_grad)
+
+
 def _meta_model(model_path: str | Path):
     config_file = Path(model_path) / "config.json"
     if not config_file.is_file():
@@ -57,9 +74,10 @@ def _meta_model(model_path: str | Path):
         raise ValueError(f"{config_file}: cannot build the model to count its parameters: {error}") from error
 
 
-def estimate_memory(plan: ResourcePlan, config, num_parameters: int, device_memory_bytes: int | None = None
-                    ) -> list[dict]:
-    """One row per device: bytes per role, the KV-cache budget, peak bytes and whether it fits."""
+def estimate_memory(plan: ResourcePlan, config, num_parameters: int, device_memory_bytes: int | None = None,
+                    num_adapter_parameters: int = 0) -> list[dict]:
+    """One row per device: bytes per role, the KV-cache budget, peak bytes and whether it fits.
+    `num_adapter_parameters`: those of the actor's LoRA adapters (`adapter_parameter_count`), if any."""
     rollout, trainer = config.rollout, config.trainer
     dtype = config.model.dtype if config.model.dtype != "auto" else ("bfloat16" if plan.device_kind == "gpu"
                                                                      else "float32")
@@ -73,7 +91,10 @@ def estimate_memory(plan: ResourcePlan, config, num_parameters: int, device_memo
             if slot.role == ROLLOUT:
                 row["rollout_weights_bytes"] = num_parameters * DTYPE_BYTES[dtype] // tp
             else:
-                row[f"{slot.role}_bytes"] = num_parameters * BYTES_PER_PARAMETER[slot.role] // trainer.num_workers
+                role_bytes = num_parameters * BYTES_PER_PARAMETER[slot.role]
+                if slot.role == "actor" and config.model.lora.enabled:
+                    role_bytes = num_parameters * BYTES_PER_PARAMETER["reference"] + num_adapter_parameters * 16
+                row[f"{slot.role}_bytes"] = role_bytes // trainer.num_workers
                 trainer_bytes += row[f"{slot.role}_bytes"]
         engine_bytes = row.get("rollout_weights_bytes", 0)
         if device_memory_bytes is not None and engine_bytes:

@@ -164,10 +164,16 @@ class PlanError(ValueError):
     """The plan cannot be realised on the cluster; the message names the missing resource."""
 
 
+def needs_reference_policy(config) -> bool:
+    """Whether a KL term (in the loss or the reward) needs the reference policy's logprobs."""
+    return config.algorithm.use_kl_loss or config.algorithm.use_kl_in_reward
+
+
 def trainer_roles(config) -> list[str]:
-    """The trainer groups a run needs: actor always, reference for a KL term, critic for GAE."""
+    """The trainer groups a run needs: actor always, reference for a KL term (unless the actor
+    trains LoRA adapters: its base, adapters off, is the reference), critic for GAE."""
     algorithm = config.algorithm
-    return (["actor"] + ["reference"] * (algorithm.use_kl_loss or algorithm.use_kl_in_reward)
+    return (["actor"] + ["reference"] * (needs_reference_policy(config) and not config.model.lora.enabled)
             + ["critic"] * (algorithm.advantage == "gae"))
 
 

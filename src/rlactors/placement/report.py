@@ -12,7 +12,12 @@ import json
 import os
 import sys
 
-from rlactors.placement.memory import estimate_memory, memory_verdict, parameter_counts
+from rlactors.placement.memory import (
+    adapter_parameter_count,
+    estimate_memory,
+    memory_verdict,
+    parameter_counts,
+)
 from rlactors.placement.plan import ClusterShape, make_plan
 from rlactors.weight_sync.choice import choose_for_plan
 
@@ -49,11 +54,14 @@ def plan_report(config, cluster: ClusterShape, device_memory_bytes: int | None =
     except ValueError as error:
         num_parameters, num_active_parameters, report["memory_note"] = None, None, str(error)
     report["num_parameters"], report["num_active_parameters"] = num_parameters, num_active_parameters
+    report["num_adapter_parameters"] = adapter_parameter_count(config.model.path, config.model.lora) \
+        if num_parameters is not None and config.model.lora.enabled else None
     report["device_memory_bytes"] = device_memory_bytes
     if num_parameters is None:
         report.setdefault("memory_note", f"no readable {config.model.path}/config.json: memory not estimated")
     elif plan.feasible:
-        report["memory"] = estimate_memory(plan, config, num_parameters, device_memory_bytes)
+        report["memory"] = estimate_memory(plan, config, num_parameters, device_memory_bytes,
+                                           report["num_adapter_parameters"] or 0)
         verdict = memory_verdict(report["memory"], device_memory_bytes)
         if verdict:
             report["feasible"], report["reason"] = False, verdict
@@ -86,7 +94,9 @@ def format_report(report: dict) -> str:
         size = report["device_memory_bytes"]
         active = report.get("num_active_parameters") or report["num_parameters"]
         counts = f"{report['num_parameters'] / 1e9:.2f}B parameters" + (
-            f", {active / 1e9:.2f}B active per token" if active != report["num_parameters"] else "")
+            f", {active / 1e9:.2f}B active per token" if active != report["num_parameters"] else "") + (
+            f", {report['num_adapter_parameters'] / 1e6:.1f}M in LoRA adapters trained"
+            if report.get("num_adapter_parameters") else "")
         lines.append(f"memory per device, GiB ({counts}; activations not "
                      f"counted; device size {'%.0f GiB' % (size / GiB) if size else 'unknown: pass --device-memory-gib'}):")
         keys = [k for k in ("actor_bytes", "reference_bytes", "critic_bytes", "rollout_weights_bytes", "kv_cache_bytes",

@@ -21,6 +21,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from rlactors.config import OptimConfig
+from rlactors.models import lora
 from rlactors.models.moe import checkpoint_layout
 from rlactors.trainer.batch import MicroBatch
 
@@ -135,8 +136,10 @@ def lr_multiplier(step: int, warmup_steps: int, total_steps: int, schedule: str,
 
 def optimizer_and_schedule(model: torch.nn.Module, optim_config: OptimConfig
                            ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over the model's parameters and its learning-rate schedule (`lr_multiplier`)."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=optim_config.lr, betas=optim_config.betas,
+    """AdamW over the model's trainable parameters (all, or a LoRA model's adapters) and its
+    learning-rate schedule (`lr_multiplier`)."""
+    trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=optim_config.lr, betas=optim_config.betas,
                                   eps=optim_config.eps, weight_decay=optim_config.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(
         step, optim_config.warmup_steps, optim_config.total_steps, optim_config.lr_schedule,
@@ -160,6 +163,13 @@ def unique_state_items(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tens
         yield name, tensor
 
 
+def weight_items(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(Hugging Face name, tensor) of the weights an engine or a Hugging Face folder holds: each
+    shared tensor once (`unique_state_items`), LoRA adapters merged into the weights they adapt
+    (`lora.merged_state_items`; a model without adapters passes through)."""
+    return lora.merged_state_items(model, unique_state_items(model))
+
+
 def iter_weight_buckets(model: torch.nn.Module, bucket_bytes: int, keep: bool,
                         dtype: torch.dtype | None = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Gather full tensors one at a time, in the same order on every rank (each gather is a
@@ -171,7 +181,7 @@ def iter_weight_buckets(model: torch.nn.Module, bucket_bytes: int, keep: bool,
     split = checkpoint_layout(model)
     bucket: list[tuple[str, torch.Tensor]] = []
     size_bytes = 0
-    for name, tensor in unique_state_items(model):
+    for name, tensor in weight_items(model):
         whole = full_tensor(tensor.detach())
         if not keep:
             continue

@@ -34,7 +34,7 @@ import threading
 import ray
 import torch
 
-from rlactors.config import AlgorithmConfig, TrainerConfig
+from rlactors.config import AlgorithmConfig, LoraConfig, TrainerConfig
 from rlactors.placement.cluster import unplaced_options
 from rlactors.runtime.calls import error_text, gather, get_within
 from rlactors.runtime.phases import PHASE_LOG_TIMEOUT_S
@@ -61,12 +61,12 @@ def check_norm_tokens(algorithm: AlgorithmConfig, norm_tokens: int | None) -> Al
 
 class TrainerGroup:
     def __init__(self, role: str, model_path: str, trainer: TrainerConfig, algorithm: AlgorithmConfig | None = None,
-                 seed: int = 0, norm_tokens: int | None = None, placement=None):
+                 seed: int = 0, norm_tokens: int | None = None, placement=None, lora: LoraConfig | None = None):
         """Start `trainer.num_workers` ranks of `role` ("actor", "reference" or "critic") on the model
         folder `model_path`. `norm_tokens` is the constant of the `seq-mean-token-sum-norm` loss mode
         (e.g. the maximum response length). `placement` (a `rlactors.placement.cluster.Placement`)
         gives each rank its bundle and resources; without it each rank asks for a whole GPU when the
-        cluster has GPUs."""
+        cluster has GPUs. `lora` (the actor's `model.lora`) trains adapters on the frozen model."""
         algorithm = check_norm_tokens(algorithm or AlgorithmConfig(), norm_tokens)
         self.role, self.trainer = role, trainer
         self.num_workers = trainer.num_workers
@@ -81,7 +81,7 @@ class TrainerGroup:
             # setup together: init_process_group waits at most collective_timeout_s for the others.
             master_addr, master_port = self._wait([w.master_address.remote() for w in self.workers], "start")[0]
             self.info = self._wait([w.setup.remote(role, str(model_path), master_addr, master_port, trainer, algorithm,
-                                                   seed, algorithm.loss_norm_tokens or norm_tokens)
+                                                   seed, algorithm.loss_norm_tokens or norm_tokens, lora)
                                     for w in self.workers], "setup")
         except BaseException:
             kill_ranks(self.workers)  # also on an interrupt: ranks half-way into the rendezvous
@@ -89,7 +89,7 @@ class TrainerGroup:
             raise
 
     def start_run(self, model_path: str, trainer: TrainerConfig, algorithm: AlgorithmConfig | None = None,
-                  seed: int = 0, norm_tokens: int | None = None) -> None:
+                  seed: int = 0, norm_tokens: int | None = None, lora: LoraConfig | None = None) -> None:
         """Begin another run on these ranks, as a new group would with these arguments (a fresh
         model, optimizer, schedule, RNG; `TrainerWorker.start_run`), without starting processes or a
         process group: for groups kept between runs (`rlactors.pipelines.warm`), which match this
@@ -97,7 +97,7 @@ class TrainerGroup:
         algorithm = check_norm_tokens(algorithm or AlgorithmConfig(), norm_tokens)
         self.trainer = trainer
         self.info = self._on_all("start_run", self.role, str(model_path), trainer, algorithm, seed,
-                                 algorithm.loss_norm_tokens or norm_tokens)
+                                 algorithm.loss_norm_tokens or norm_tokens, lora)
 
     def _wait(self, refs: list[ray.ObjectRef], call: str) -> list:
         """The ranks' results of `call` (refs[i] from rank i); at the first failure, or past
@@ -163,11 +163,12 @@ class TrainerGroup:
 
     # ----------------------------------------------------------------------------------------
 
-    def compute_logprobs(self, batch: BatchArg, temperature: float = 1.0,
-                         with_entropy: bool = False) -> dict[str, list[torch.Tensor]]:
+    def compute_logprobs(self, batch: BatchArg, temperature: float = 1.0, with_entropy: bool = False,
+                         base: bool = False) -> dict[str, list[torch.Tensor]]:
         """Response-token logprobs (and entropies) of every sequence, in batch order:
-        `{"logprobs": [...], "entropy": [...]}`. `temperature` is the sampling temperature."""
-        rows = self._forward("compute_logprobs", batch, temperature, with_entropy)
+        `{"logprobs": [...], "entropy": [...]}`. `temperature` is the sampling temperature; `base`:
+        a LoRA actor's logprobs with its adapters off (the reference policy's)."""
+        rows = self._forward("compute_logprobs", batch, temperature, with_entropy, base)
         out = {"logprobs": [row[1] for row in rows]}
         if with_entropy:
             out["entropy"] = [row[2] for row in rows]
@@ -177,12 +178,12 @@ class TrainerGroup:
         """Critic values of every response token, in batch order."""
         return [row[1] for row in self._forward("compute_values", batch)]
 
-    def logprob_rows(self, batch: TrainBatchRef, temperature: float = 1.0, with_entropy: bool = False
-                     ) -> list[ray.ObjectRef]:
+    def logprob_rows(self, batch: TrainBatchRef, temperature: float = 1.0, with_entropy: bool = False,
+                     base: bool = False) -> list[ray.ObjectRef]:
         """`compute_logprobs` left in the object store, returned once every rank has finished: one
         ref per rank of its (sequence index, logprobs, entropies or None) rows; `rows_in_batch_order`
-        merges them where they are read."""
-        return self._forward_refs("compute_logprobs", batch, temperature, with_entropy)
+        merges them where they are read. `base`: a LoRA actor's adapters off (the reference policy)."""
+        return self._forward_refs("compute_logprobs", batch, temperature, with_entropy, base)
 
     def value_rows(self, batch: TrainBatchRef) -> list[ray.ObjectRef]:
         """`compute_values` left in the object store: one ref per rank of its (sequence index, values) rows."""

@@ -2,7 +2,9 @@
 `load_checkpoint` restores, on every rank of the group at once (each call holds collectives).
 
     <checkpoint>/.metadata, *.distcp   model state, and optimizer state where the role trains, as
-                                       torch.distributed.checkpoint (DCP) shards of all ranks
+                                       torch.distributed.checkpoint (DCP) shards of all ranks; a
+                                       role that trains keeps only what trains (a LoRA actor: the
+                                       adapters; its frozen base is the model folder's)
     <checkpoint>/rank_<r>.pt           rank r's LR scheduler, step counters and RNG states
                                        (`rank_state`), plain values only (`checkpoint.load_plain`)
 
@@ -18,17 +20,32 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
 
 from rlactors.trainer import checkpoint
 
+TRAINED_ONLY = StateDictOptions(ignore_frozen_params=True)  # a model with nothing frozen keeps everything
+# Not strict: the frozen parameters are absent by design. Every trained one is still required:
+# `dcp.load` fails for a key of `sharded_state` that the checkpoint lacks.
+LOAD_TRAINED_ONLY = StateDictOptions(ignore_frozen_params=True, strict=False)
+
 
 def sharded_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
-    """The DCP state dict of this rank: {"model"}, and {"optimizer"} where there is one."""
+    """The DCP state dict of this rank: {"model"}, and {"optimizer"} where there is one. With an
+    optimizer, frozen parameters are left out (`TRAINED_ONLY`): they never change, and loading the
+    role's model folder restores them."""
     if optimizer is None:
         return {"model": get_model_state_dict(model)}
-    model_state, optim_state = get_state_dict(model, optimizer)
-    return {"model": model_state, "optimizer": optim_state}
+    model_state, optim_state = get_state_dict(model, optimizer, options=TRAINED_ONLY)
+    # DCP keeps a frozen tied head (its own name for the frozen embedding): left out here too.
+    trained = {name for name, tensor in model.state_dict(keep_vars=True).items() if tensor.requires_grad}
+    return {"model": {name: tensor for name, tensor in model_state.items() if name in trained},
+            "optimizer": optim_state}
 
 
 def rank_state(step: int, role: str, num_optimizer_steps: int, num_skipped_steps: int,
@@ -69,7 +86,8 @@ def load(path: Path, rank: int, model: torch.nn.Module, optimizer: torch.optim.O
     state = sharded_state(model, optimizer)
     dcp.load(state, checkpoint_id=str(path))
     if optimizer is not None:
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                       options=LOAD_TRAINED_ONLY)
     else:
         set_state_dict(model, [], model_state_dict=state["model"], optim_state_dict={})
     saved = checkpoint.load_plain(path / f"rank_{rank}.pt")  # refuses a file that would run code

@@ -40,7 +40,8 @@ from rlactors.algorithms import (
     sft_loss,
     value_loss,
 )
-from rlactors.config import AlgorithmConfig, TrainerConfig
+from rlactors.config import AlgorithmConfig, LoraConfig, TrainerConfig
+from rlactors.models import lora
 from rlactors.models.moe import checkpoint_layout, is_moe_config
 from rlactors.runtime.phases import PhaseLog, memory_figures
 from rlactors.trainer import checkpoint, fsdp, offload, policy_objective, rank_checkpoint, step_metrics
@@ -60,12 +61,14 @@ class TrainerWorker:
         self._reset_run()
 
     def _reset_run(self, role: str | None = None, model_path: str | None = None, trainer: TrainerConfig | None = None,
-                   algorithm: AlgorithmConfig | None = None, norm_tokens: int | None = None) -> None:
+                   algorithm: AlgorithmConfig | None = None, norm_tokens: int | None = None,
+                   lora_config: LoraConfig | None = None) -> None:
         """Every field a run owns, in one place: the run's arguments, and the rest empty until
         `start_run` loads the model. The process's own fields (rank and world size, `setup`'s mesh
         and device) outlive runs and are not among them."""
         self.role, self.model_path, self.trainer, self.algorithm = role, model_path, trainer, algorithm
         self.norm_tokens = norm_tokens
+        self.lora = lora_config if lora_config is not None and lora_config.enabled else None  # the actor's adapters
         # The model and what trains it; None first, so the last run's memory goes before the next loads.
         self.model = self.optimizer = self.scheduler = self.optim_config = None
         self.routing: RoutingReplay | None = None  # an MoE actor's or reference's routers (`routing_replay`)
@@ -80,7 +83,8 @@ class TrainerWorker:
         return ray.util.get_node_ip_address(), fsdp.free_port()
 
     def setup(self, role: str, model_path: str, master_addr: str, master_port: int, trainer: TrainerConfig,
-              algorithm: AlgorithmConfig, seed: int = 0, norm_tokens: int | None = None) -> dict:
+              algorithm: AlgorithmConfig, seed: int = 0, norm_tokens: int | None = None,
+              lora_config: LoraConfig | None = None) -> dict:
         """Join the group's process group, pin this process's threads, then `start_run`. What is set
         here lasts as long as the process (`rlactors.pipelines.warm.trainer_key` names it)."""
         self.mesh = fsdp.init_distributed(self.rank, self.world_size, master_addr, master_port,
@@ -92,23 +96,28 @@ class TrainerWorker:
             cores = sorted(os.sched_getaffinity(0)) if trainer.cpu_cores == "all" else trainer.cpu_cores
             os.sched_setaffinity(0, cores)
             torch.set_num_threads(len(cores))
-        return self.start_run(role, model_path, trainer, algorithm, seed, norm_tokens)
+        return self.start_run(role, model_path, trainer, algorithm, seed, norm_tokens, lora_config)
 
     def start_run(self, role: str, model_path: str, trainer: TrainerConfig, algorithm: AlgorithmConfig,
-                  seed: int = 0, norm_tokens: int | None = None) -> dict:
+                  seed: int = 0, norm_tokens: int | None = None, lora_config: LoraConfig | None = None) -> dict:
         """Everything a run's training state is, made anew: the model from `model_path`, a fresh
         optimizer and schedule, step counters, the weight sender, the phase log, the RNG seeded
         from `seed`. A rank kept from an earlier run (`rlactors.pipelines.warm`) is then what a
-        new one would be; only its process, process group and thread pinning stay."""
+        new one would be; only its process, process group and thread pinning stay. `lora_config`
+        (an actor's `model.lora`) puts adapters on the model first: then only they train."""
         if self.weight_sender is not None:  # tied to the engines' transfer of the run before
             self.weight_sender.shutdown()
-        self._reset_run(role, model_path, trainer, algorithm, norm_tokens)
+        self._reset_run(role, model_path, trainer, algorithm, norm_tokens, lora_config)
+        if self.lora is not None and role != "actor":
+            raise ValueError(f"LoRA adapters are the actor's; this rank's role is {role!r}")
         model = fsdp.load_role_model(model_path, role, seed)
         self.architecture = type(model).__name__  # before FSDP2 renames the class
         self.pad_token_id = model.config.pad_token_id or 0
         self.vocab_size = model.get_input_embeddings().num_embeddings
         trainable = role != "reference"
         model.requires_grad_(trainable)
+        if self.lora is not None:
+            model = lora.add_adapters(model, self.lora)  # before sharding; freezes all but the adapters
         self.model = fsdp.shard_model(model, self.mesh, trainable and trainer.gradient_checkpointing)
         self.model.train(trainable)
         if role != "critic" and is_moe_config(model.config):
@@ -118,8 +127,9 @@ class TrainerWorker:
             self.optimizer, self.scheduler = fsdp.optimizer_and_schedule(self.model, self.optim_config)
         torch.manual_seed(seed + self.rank)  # per-rank streams for anything random in training (saved in checkpoints)
         random.seed(seed + self.rank)
-        return {"rank": self.rank, "pid": os.getpid(), "device": str(self.device), "num_parameters": sum(
-            p.numel() for p in self.model.parameters())}
+        return {"rank": self.rank, "pid": os.getpid(), "device": str(self.device),
+                "num_parameters": sum(p.numel() for p in self.model.parameters()),
+                "num_trainable_parameters": sum(p.numel() for p in self.model.parameters() if p.requires_grad)}
 
     @contextlib.contextmanager
     def _routed(self, micro: MicroBatch):
@@ -155,13 +165,18 @@ class TrainerWorker:
 
     @torch.no_grad()
     def compute_logprobs(self, batch: TrainBatch, plan: MiniBatchPlan, temperature: float,
-                         with_entropy: bool = False) -> list[tuple[int, torch.Tensor, torch.Tensor | None]]:
-        """(sequence index, response-token logprobs, entropies or None) for this rank's sequences."""
+                         with_entropy: bool = False, base: bool = False
+                         ) -> list[tuple[int, torch.Tensor, torch.Tensor | None]]:
+        """(sequence index, response-token logprobs, entropies or None) for this rank's sequences.
+        `base`: a LoRA actor's logprobs with its adapters off, the reference policy's."""
         self._start("compute_logprobs", ("actor", "reference"))
+        if base and self.lora is None:
+            raise ValueError("compute_logprobs(base=True) needs an actor with LoRA adapters (model.lora.rank > 0)")
         out = []
         for indices in plan.micro_batches[0]:
             micro = self._micro_batch(batch, indices)
-            with self._routed(micro):
+            policy = lora.base_only(self.model) if base else contextlib.nullcontext()
+            with self._routed(micro), policy, lora.without_dropout(self.model):
                 logits = fsdp.response_logits(self.model, micro, temperature)
             rows = unpad_rows(logprobs_from_logits(logits, micro.labels), micro)
             entropies = [e for _, e in unpad_rows(chunked_entropy_from_logits(logits), micro)] if with_entropy \
@@ -341,12 +356,13 @@ class TrainerWorker:
     @resident
     def send_weights(self, engines: dict, policy_version: int, settings) -> dict | None:
         """Every rank's part of a weight sync (`rlactors.weight_sync.sender`): all gather, rank 0
-        sends and returns the figures. A tied lm_head is sent once, as the embedding."""
+        sends and returns the figures. A tied lm_head is sent once, as the embedding; LoRA adapters
+        go merged into the weights they adapt (`fsdp.weight_items`)."""
         if self.weight_sender is None:
             from rlactors.weight_sync.sender import WeightSender
 
             self.weight_sender = WeightSender(self.rank)
-        stats = self.weight_sender.send(lambda: fsdp.unique_state_items(self.model), engines, policy_version, settings,
+        stats = self.weight_sender.send(lambda: fsdp.weight_items(self.model), engines, policy_version, settings,
                                         split=checkpoint_layout(self.model))
         self.phases.record("export_weights", memory_figures(), num_bytes=(stats or {}).get("weight_bytes", 0))
         return stats
