@@ -49,9 +49,11 @@ def test_base_only_is_the_base_model_and_the_adapters_come_back(tiny_model_dir):
     base, model = load_model(tiny_model_dir), adapted(tiny_model_dir)
     with_adapters = logits(model)
     assert not torch.allclose(with_adapters, logits(base), atol=1e-3)
+    trainable = [name for name, p in model.named_parameters() if p.requires_grad]
     with base_only(model):
         torch.testing.assert_close(logits(model), logits(base), rtol=0, atol=0)
     assert torch.equal(logits(model), with_adapters)
+    assert [name for name, p in model.named_parameters() if p.requires_grad] == trainable  # still training
 
 
 def test_merged_weights_are_peft_s_merge_and_load_into_the_plain_model(tiny_model_dir):

@@ -53,7 +53,7 @@ class EngineCore:
         self.aborted: list[str] = []
         self.queues: dict[str, Queue] = {}
 
-    async def add_request(self, request_id, prompt, params):
+    async def add_request(self, request_id, prompt, params, lora_request=None):
         await asyncio.sleep(self.hand_over_s)
         queue = self.queues[request_id] = Queue(request_id)
         self.log.append(f"add {request_id}")
@@ -103,7 +103,7 @@ def test_every_request_is_stamped_with_the_weights_it_ran_on_across_updates(hand
 
         async def client(i):
             for j in range(20):
-                output, version = await run_request(core, gate, lambda: state["version"], lambda: True,
+                output, version = await run_request(core, gate, lambda: (state["version"], None), lambda: True,
                                                     [1], None, f"r{i}.{j}")
                 results.append((output.ran_on, version))
 
@@ -154,11 +154,11 @@ def test_the_same_race_without_the_gate_stamps_wrong_versions():
 def test_close_waits_for_requests_being_handed_over_and_nothing_enters_until_open():
     async def scenario():
         gate, core = AdmissionGate(), EngineCore(hand_over_s=0.05)
-        first = asyncio.create_task(run_request(core, gate, lambda: 0, lambda: True, [1], None, "first"))
+        first = asyncio.create_task(run_request(core, gate, lambda: (0, None), lambda: True, [1], None, "first"))
         await asyncio.sleep(0.01)  # `first` is inside the gate, not yet in the engine core
         await gate.close(5.0)
         assert core.log == ["add first"]  # close returned only once it was handed over
-        late = asyncio.create_task(run_request(core, gate, lambda: 1, lambda: True, [1], None, "late"))
+        late = asyncio.create_task(run_request(core, gate, lambda: (1, None), lambda: True, [1], None, "late"))
         await asyncio.sleep(0.1)
         assert core.log == ["add first"] and not late.done()
         gate.open()
@@ -173,7 +173,7 @@ def test_a_request_aborted_while_it_waits_at_the_gate_never_enters():
         gate, core = AdmissionGate(), EngineCore()
         wanted = {"yes": True}
         await gate.close(1.0)
-        task = asyncio.create_task(run_request(core, gate, lambda: 0, lambda: wanted["yes"], [1], None, "r"))
+        task = asyncio.create_task(run_request(core, gate, lambda: (0, None), lambda: wanted["yes"], [1], None, "r"))
         await asyncio.sleep(0.01)
         wanted["yes"] = False
         gate.open()
@@ -185,7 +185,7 @@ def test_a_request_aborted_while_it_waits_at_the_gate_never_enters():
 def test_a_close_that_times_out_names_what_it_waited_for_and_reopens():
     async def scenario():
         gate, core = AdmissionGate(), EngineCore(hand_over_s=1.0)
-        task = asyncio.create_task(run_request(core, gate, lambda: 0, lambda: True, [1], None, "slow"))
+        task = asyncio.create_task(run_request(core, gate, lambda: (0, None), lambda: True, [1], None, "slow"))
         await asyncio.sleep(0.01)
         with pytest.raises(TimeoutError, match=r"1 request\(s\) still entering vLLM after 0.05 s"):
             await gate.close(0.05)
@@ -198,8 +198,8 @@ def test_a_close_that_times_out_names_what_it_waited_for_and_reopens():
 def test_a_failed_or_cancelled_request_is_aborted_in_vllm_and_its_queue_closed():
     async def scenario():
         gate, core = AdmissionGate(), EngineCore(run_s=10.0)
-        cancelled = asyncio.create_task(run_request(core, gate, lambda: 0, lambda: True, [1], None, "cancelled"))
-        failing = asyncio.create_task(run_request(core, gate, lambda: 0, lambda: True, [1], None, "failing"))
+        cancelled = asyncio.create_task(run_request(core, gate, lambda: (0, None), lambda: True, [1], None, "cancelled"))
+        failing = asyncio.create_task(run_request(core, gate, lambda: (0, None), lambda: True, [1], None, "failing"))
         await asyncio.sleep(0.01)
         cancelled.cancel()
         with pytest.raises(asyncio.CancelledError):

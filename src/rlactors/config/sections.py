@@ -159,6 +159,10 @@ class RolloutConfig(Section):
         "(for trainer.routing_replay=rollout, which sets it). Turns vLLM's prefix caching off, so every prompt "
         "position is computed and recorded per request.",
     )
+    lora_rank: int = Field(
+        0, ge=0, description="Serve the actor's LoRA adapter of this rank, replaced at every weight sync (set from "
+        "model.lora unless it merges; 0: the engines hold merged or full weights).",
+    )
     on_abort: Literal["resume", "requeue"] = Field(
         "resume", description="What happens to interrupted responses: continue from the partial response, or restart."
     )
@@ -415,6 +419,15 @@ class Config(Section):
     def _replay_has_its_record(self) -> Config:
         if self.trainer.routing_replay == "rollout":
             self.rollout.record_routing = True
+        return self
+
+    @model_validator(mode="after")
+    def _engines_serve_the_adapter(self) -> Config:
+        lora = self.model.lora
+        self.rollout.lora_rank = lora.rank if lora.enabled and not lora.merge else 0
+        if self.rollout.lora_rank and self.rollout.sleep_level == 2:
+            raise ValueError("rollout.sleep_level=2 discards the engines' base weights, which a LoRA run's "
+                             "adapter-only sync cannot restore: use rollout.sleep_level=1 or model.lora.merge=true")
         return self
 
     @model_validator(mode="after")

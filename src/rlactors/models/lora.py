@@ -32,6 +32,7 @@ from rlactors.config import LoraConfig
 
 ADAPTER = "default"  # peft's name for the one adapter a model holds here
 ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
+ADAPTER_FOLDER = "adapter"  # a LoRA run's Hugging Face export: the merged model, and its adapter in here
 
 
 def peft_config(config: LoraConfig, base_model_path: str | None = None):
@@ -70,15 +71,18 @@ def has_adapters(model: torch.nn.Module) -> bool:
 
 @contextlib.contextmanager
 def base_only(model: torch.nn.Module):
-    """Every adapter off within: the model computes as its frozen base (the reference policy)."""
+    """Every adapter off within: the model computes as its frozen base (the reference policy).
+    The flag peft's layers read in forward is set directly: peft's `enable_adapters` also flips
+    `requires_grad`, and under FSDP2, where a layer may hold unsharded views between passes, it
+    could not flip it back (the adapters would leave training and the checkpoint)."""
     layers = lora_layers(model).values()
     for layer in layers:
-        layer.enable_adapters(False)
+        layer._disable_adapters = True
     try:
         yield
     finally:
         for layer in layers:
-            layer.enable_adapters(True)
+            layer._disable_adapters = False
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import shutil
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -35,6 +36,7 @@ from rlactors.runtime import logs
 from rlactors.runtime.device import default_dtype
 from rlactors.trainer.group import TrainerGroup
 from rlactors.types import PromptRequest
+from rlactors.weight_sync.adapters import adapter_dir
 from rlactors.weight_sync.choice import WeightSyncSettings, choose_for_plan
 
 
@@ -111,6 +113,8 @@ class Run:
         stop_all(run_parts([group for group in groups if not (kept and group in healthy.values())],
                            None if kept else self.router, self.reward, self.buffer, self.builder),
                  None if kept else self.placement)
+        if self.weight_sync is not None and self.weight_sync.adapter_dir:  # a LoRA run's adapter folders
+            shutil.rmtree(self.weight_sync.adapter_dir, ignore_errors=True)
 
 
 def data_files(config: Config, output_dir: Path) -> tuple[list[str], list[str]]:
@@ -235,7 +239,8 @@ def build_run(config: Config, model_path: str | None = None, warm: WarmActors | 
                     else default_dtype("cpu" if plan.cluster.device_kind == "cpu" else "cuda"))
     weight_sync = WeightSyncSettings(transport.transport, config.rollout.weight_bucket_bytes, engine_dtype,
                                      config.rollout.call_timeout_s, config.rollout.tensor_parallel_size,
-                                     config.rollout.verify_weight_sync)
+                                     config.rollout.verify_weight_sync, adapter_dir(output_dir, {
+                                         bundle.node for bundle in plan.bundles}) if config.rollout.lora_rank else None)
     actor = trainers["actor"]
     router.set_weight_loader(lambda targets, version: actor.send_weights_ref(targets, version, weight_sync))
     print(f"weight transport: {transport.transport} ({transport.reason})")

@@ -65,18 +65,19 @@ class AdmissionGate:
         self._open.set()
 
 
-async def run_request(llm, gate: AdmissionGate, policy_version, wanted, prompt, params, request_id: str):
+async def run_request(llm, gate: AdmissionGate, weights, wanted, prompt, params, request_id: str):
     """Run one request on vLLM's `AsyncLLM` `llm`, admitted through `gate`; returns its final
-    `RequestOutput` (params ask for FINAL_ONLY) and the policy version of every token in it
-    (`policy_version()`, read at admission); (None, None) if `wanted()` is false once admitted (it
+    `RequestOutput` (params ask for FINAL_ONLY) and the policy version of every token in it.
+    `weights()`, read at admission, gives that version and the LoRA adapter the request names (None:
+    the base weights alone); (None, None) if `wanted()` is false once admitted (it
     was aborted while it waited at the gate). This is `AsyncLLM.generate` with the hand-over made
     visible: `add_request` returns once the request is on its way to the engine core, which
     `generate` does inside its generator, out of the gate's sight."""
     async with gate.admit():
         if not wanted():
             return None, None
-        version = policy_version()
-        queue = await llm.add_request(request_id, prompt, params)
+        version, adapter = weights()
+        queue = await llm.add_request(request_id, prompt, params, lora_request=adapter)
     try:
         while True:
             output = queue.get_nowait() or await queue.get()  # raises what vLLM failed the request with

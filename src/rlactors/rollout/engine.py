@@ -25,7 +25,9 @@ episodes, responses continued across interruptions: `rlactors.rollout.generation
 
 Weight updates (`init_weight_transfer_engine` once per sender, then per sync `start_weight_update`,
 `update_weights` per bucket, `finish_weight_update`), how generation pauses for them and what an
-unfinished one leaves: `rlactors.rollout.weights`. Sleep (colocated mode: `sleep`, `wake_up`), what
+unfinished one leaves: `rlactors.rollout.weights`. A LoRA run's engines (`rollout.lora_rank`) take
+the adapter alone instead (`load_adapter`: the same pause and version label; every later request
+names it). Sleep (colocated mode: `sleep`, `wake_up`), what
 it frees on each platform and its wake order: `rlactors.rollout.sleep`. Requests arriving during
 either wait at the admission gate (`rlactors.rollout.admission`) and enter vLLM after it.
 
@@ -63,6 +65,7 @@ import ray
 
 from rlactors.config import RolloutConfig
 from rlactors.placement.cluster import unplaced_options
+from rlactors.rollout.adapters import adapter_bytes, load_adapter_in_vllm
 from rlactors.rollout.admission import AdmissionGate
 from rlactors.rollout.engine_core import (
     VllmCalls,
@@ -121,6 +124,7 @@ class RolloutEngine:
         self._weights_discarded = False  # level-2 sleep: the weights hold nothing until a load
         self.phases = PhaseLog()
         self._weights_of_last_run = False  # `new_run` until its first weight update: generate refuses
+        self.adapter = None  # vLLM's LoRARequest of the adapter every request uses (`load_adapter`), if any
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -233,8 +237,8 @@ class RolloutEngine:
                                "before generate()")
         per_request = sampling_per_request(sampling, len(requests))
         await self._record("generate", num_requests=len(requests))
-        call = GenerateCall(self.llm, self._gate, self._requests, lambda: self.policy_version, self.config,
-                            self.vocab_size, self.model_path, self.error_file)
+        call = GenerateCall(self.llm, self._gate, self._requests, lambda: (self.policy_version, self.adapter),
+                            self.config, self.vocab_size, self.model_path, self.error_file)
         tasks = [asyncio.create_task(run_group(call, request, setting))
                  for request, setting in zip(requests, per_request, strict=True)]
         try:
@@ -272,6 +276,11 @@ class RolloutEngine:
 
     async def start_weight_update(self, policy_version: int) -> None:
         """Stop generating (or wake sleeping weights) and open a weight update to `policy_version`."""
+        await self._pause_for_update(policy_version)
+        self.weights_mixed = True  # from the first tensor loaded until finish_weight_update
+        await self._vllm("start_weight_update", self.llm.start_weight_update())
+
+    async def _pause_for_update(self, policy_version: int) -> None:
         await self.ready()
         check_update_start(policy_version, self.policy_version, self._update)
         pause_start = time.perf_counter()
@@ -285,8 +294,6 @@ class RolloutEngine:
             mode = "abort" if self.config.partial_rollout else "wait"  # see rlactors.rollout.weights
             await self._vllm("start_weight_update", self.llm.pause_generation(mode=mode, clear_cache=True))
         self._update.sync_start_s = time.perf_counter()
-        self.weights_mixed = True  # from the first tensor loaded until finish_weight_update
-        await self._vllm("start_weight_update", self.llm.start_weight_update())
 
     async def update_weights(self, update_info: dict) -> None:
         """Load one bucket: vLLM's update info of this engine's backend, or `{"bucket": ref}` of the
@@ -306,6 +313,23 @@ class RolloutEngine:
         if update is None or update.policy_version != policy_version:
             raise RuntimeError(f"finish_weight_update({policy_version}) without a matching start_weight_update")
         await close_update_in_vllm(self._vllm, self.weight_backend, policy_version)
+        return await self._resume_after_update(update)
+
+    async def load_adapter(self, folder: str, policy_version: int) -> dict:
+        """A LoRA run's weight update: the peft adapter in `folder` (on this node's filesystem)
+        replaces the one served, as `policy_version`, with the pause, version label and timing of a
+        full update (`finish_weight_update`). Every request admitted after it names this adapter."""
+        if not self.config.lora_rank:
+            raise RuntimeError("load_adapter: this engine serves no LoRA adapters (rollout.lora_rank=0)")
+        await self._pause_for_update(policy_version)
+        update = self._update
+        self.weights_mixed = True  # until the adapter is whole in every worker
+        self.adapter = await load_adapter_in_vllm(self._vllm, folder, policy_version)
+        update.weight_bytes = adapter_bytes(folder)
+        return await self._resume_after_update(update)
+
+    async def _resume_after_update(self, update: WeightUpdate) -> dict:
+        policy_version = update.policy_version
         self._update = None
         self.policy_version = policy_version
         self.weights_mixed = self._weights_discarded = self._weights_of_last_run = False

@@ -3,7 +3,7 @@ samples run concurrently as vLLM requests of their own (`n` requests per prompt;
 hits vLLM's prefix cache), one per model turn and per continuation after an interruption, each let
 in through the admission gate (`rlactors.rollout.admission`).
 
-    call = GenerateCall(llm, gate, requests, lambda: engine.policy_version, config, vocab_size, ...)
+    call = GenerateCall(llm, gate, requests, lambda: (engine.policy_version, engine.adapter), config, ...)
     group = await run_group(call, request, sampling)      # the prompt's samples, concurrently
       run_sample(call, request, sample_index, setting)    # a single response, or an episode
         generate_turn(call, sample, request, ...)         # one model turn, across interruptions
@@ -96,7 +96,7 @@ class GenerateCall:
     llm: Any  # vLLM's AsyncLLM
     gate: AdmissionGate  # closed while the weights change or the engine sleeps
     requests: Requests
-    policy_version: Callable[[], int]  # the weights loaded now: read at each admission
+    weights: Callable[[], tuple[int, Any]]  # (policy version, LoRA adapter or None) now: read at each admission
     config: RolloutConfig  # as the call began; per-run settings change only between runs
     vocab_size: int
     model_path: str  # its Hugging Face tokenizer decodes episodes (`hf_tokenizer`)
@@ -136,7 +136,7 @@ async def run_sample(call: GenerateCall, request: PromptRequest, sample_index: i
         tokenizer = hf_tokenizer(call.model_path)
         await run_episode(sample, request, setting, call.config.environment, spec,
                           lambda s, max_tokens, stop: generate_turn(call, s, request, setting, max_tokens, stop, []),
-                          tokenizer, call.config.max_model_len, call.policy_version())
+                          tokenizer, call.config.max_model_len, call.weights()[0])
         sample.text = tokenizer.decode(sample.response_token_ids, skip_special_tokens=True)
         return sample
     texts: list[str] = []
@@ -173,7 +173,7 @@ async def generate_turn(call: GenerateCall, sample: Sample, request: PromptReque
         requests.in_flight[request_id] = request.group_id
         requests.note_activity(call.gate)
         try:
-            final, version = await run_request(call.llm, call.gate, call.policy_version,
+            final, version = await run_request(call.llm, call.gate, call.weights,
                                                lambda: request.group_id not in requests.user_aborted,
                                                prompt, params, request_id)
         except Exception as error:

@@ -4,6 +4,7 @@ parameters (plain functions; the engine actor and the rollout benchmark share th
 from __future__ import annotations
 
 from rlactors.config import RolloutConfig, SamplingConfig
+from rlactors.rollout.adapters import served_rank
 from rlactors.rollout.weights import WorkerExtension
 from rlactors.runtime.device import supports_sleep
 from rlactors.runtime.logs import is_verbose
@@ -29,6 +30,8 @@ def engine_kwargs(model_path: str, config: RolloutConfig, platform: str, dtype: 
         weight_transfer_config={"backend": weight_backend},
         use_tqdm_on_load=is_verbose(),  # a progress bar per engine start, unless the run is verbose
     )
+    if config.lora_rank:  # one adapter, replaced at each sync (rlactors.rollout.adapters)
+        kwargs.update(enable_lora=True, max_lora_rank=served_rank(config.lora_rank), max_loras=1)
     if config.record_routing and platform == "cpu":
         # Our capture (rlactors.rollout.routing_capture): every prompt position is computed, and so
         # recorded, per request; a prefix served from the cache would have none.

@@ -56,8 +56,9 @@ class VllmFeatures:
 
 # What the engine calls that no fallback covers: "what" -> (module, attribute path, parameters it must take).
 NEEDED = {
-    "AsyncLLM.add_request(request_id, prompt, params)": ("vllm.v1.engine.async_llm", "AsyncLLM.add_request",
-                                                         ("request_id", "prompt", "params")),
+    "AsyncLLM.add_request(request_id, prompt, params, lora_request)": (
+        "vllm.v1.engine.async_llm", "AsyncLLM.add_request", ("request_id", "prompt", "params", "lora_request")),
+    "AsyncLLM.add_lora(lora_request)": ("vllm.v1.engine.async_llm", "AsyncLLM.add_lora", ("lora_request",)),
     "AsyncLLM.pause_generation(mode, clear_cache)": ("vllm.v1.engine.async_llm", "AsyncLLM.pause_generation",
                                                      ("mode", "clear_cache")),
     "AsyncLLM.resume_generation()": ("vllm.v1.engine.async_llm", "AsyncLLM.resume_generation", ()),

@@ -170,6 +170,17 @@ def weight_items(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     return lora.merged_state_items(model, unique_state_items(model))
 
 
+def gather_whole(named_items, keep: bool, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """The whole tensors of `named_items` as CPU tensors (in `dtype`) where `keep` (rank 0), else {}:
+    every rank gathers each tensor in the same order (collectives). For small sets, like an adapter."""
+    gathered = {}
+    for name, tensor in named_items:
+        whole = full_tensor(tensor.detach())
+        if keep:
+            gathered[name] = whole.to("cpu", dtype=dtype or whole.dtype)
+    return gathered
+
+
 def iter_weight_buckets(model: torch.nn.Module, bucket_bytes: int, keep: bool,
                         dtype: torch.dtype | None = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Gather full tensors one at a time, in the same order on every rank (each gather is a

@@ -12,6 +12,8 @@ so no process ever holds more than one bucket of gathered weights:
 - a live trainer (`TrainerWorker.save_hf`): its FSDP shards gathered tensor by tensor;
 - a saved checkpoint (`export_checkpoint`, `python -m rlactors export`): its DCP files, read a
   bucket at a time in a plain process (no Ray, no process group, no device).
+A LoRA actor's folder holds the merged model, and the adapter alone as a peft folder in
+`out/adapter` (a checkpoint holds the adapter only: the base comes from the run's model folder).
 
 The folder appears complete or not at all: it is written under `.<name>.tmp`, fsynced and renamed
 into place; an older folder of the same name is replaced only once the new one is whole.
@@ -19,6 +21,7 @@ into place; an older folder of the same name is replaced only once the new one i
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import warnings
@@ -167,23 +170,60 @@ def export_checkpoint(path: str | Path, out: str | Path, model_path: str | Path 
     if model_path is None:
         model_path = run_model_path(trainer_dir)
     split = folder_checkpoint_layout(model_path)  # the trainer saved fused experts; the folder holds one per expert
+    buckets = checkpoint_buckets(trainer_dir, shard_bytes)
+    first = next(buckets)
+    if any(".lora_" in name for name, _ in first):  # a LoRA actor's checkpoint holds its adapter alone
+        adapter = dict(first) | {name: tensor for bucket in buckets for name, tensor in bucket}
+        return export_lora(adapter, out, model_path, run_settings(trainer_dir).model.lora, dtype, split)
     buckets = ([pair for name, tensor in bucket for pair in split(name, tensor)]
-               for bucket in checkpoint_buckets(trainer_dir, shard_bytes))
+               for bucket in itertools.chain([first], buckets))
     return write_hf_folder(buckets, out, model_path, dtype=dtype)
 
 
-def run_model_path(trainer_dir: Path) -> Path:
-    """The model folder named by the config.yaml of the run that wrote `trainer_dir`
-    (output_dir/checkpoints/step_N/actor/step_N, or a trainer's own output_dir/checkpoints/step_N/actor)."""
-    import yaml
+def export_lora(adapter: dict[str, torch.Tensor], out: str | Path, model_path: str | Path, lora_config,
+                dtype: torch.dtype | None, split) -> Path:
+    """The base model of `model_path` with the `adapter` (the trainer's names) merged in, as a Hugging
+    Face folder at `out`, and the adapter alone as a peft folder in `out/adapter` (as a LoRA run's
+    live export writes them)."""
+    from rlactors.models import load_model
+    from rlactors.models.lora import (
+        ADAPTER_FOLDER,
+        adapter_state_items,
+        add_adapters,
+        merged_state_items,
+        save_adapter,
+    )
+
+    model = add_adapters(load_model(model_path), lora_config)
+    missing = set(adapter) - set(model.state_dict())
+    if missing:
+        raise ValueError(f"the checkpoint's adapter does not fit model.lora={lora_config}: no {sorted(missing)[0]!r}")
+    model.load_state_dict(adapter, strict=False)
+    merged = [pair for name, tensor in merged_state_items(model, model.state_dict().items())
+              for pair in split(name, tensor)]
+    folder = write_hf_folder([merged], out, model_path, dtype=dtype)
+    save_adapter(folder / ADAPTER_FOLDER, dict(adapter_state_items(model, adapter.items())), lora_config,
+                 str(model_path))
+    return folder
+
+
+def run_settings(trainer_dir: Path):
+    """The `Config` of the run that wrote `trainer_dir` (output_dir/checkpoints/step_N/actor/step_N,
+    or a trainer's own output_dir/checkpoints/step_N/actor), from its config.yaml."""
+    from rlactors.config import load_config
 
     run_config = next((folder / "config.yaml" for folder in trainer_dir.parents[2:4]
                        if (folder / "config.yaml").is_file()), None)
     if run_config is None:
         raise FileNotFoundError(f"{trainer_dir}: no run config.yaml three or four folders up to name the model; "
                                 "give the model folder (--model)")
-    model_path = Path(yaml.safe_load(run_config.read_text())["model"]["path"])
+    return load_config(run_config)
+
+
+def run_model_path(trainer_dir: Path) -> Path:
+    """The model folder the run that wrote `trainer_dir` trained (`run_settings`)."""
+    model_path = Path(run_settings(trainer_dir).model.path)
     if not (model_path / "config.json").is_file():
-        raise FileNotFoundError(f"{run_config}: model.path {model_path} holds no config.json (a relative path "
-                                "is read from the current folder); give the model folder (--model)")
+        raise FileNotFoundError(f"{trainer_dir}: the run's model.path {model_path} holds no config.json (a relative "
+                                "path is read from the current folder); give the model folder (--model)")
     return model_path

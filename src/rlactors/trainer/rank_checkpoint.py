@@ -42,8 +42,9 @@ def sharded_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | Non
     if optimizer is None:
         return {"model": get_model_state_dict(model)}
     model_state, optim_state = get_state_dict(model, optimizer, options=TRAINED_ONLY)
-    # DCP keeps a frozen tied head (its own name for the frozen embedding): left out here too.
-    trained = {name for name, tensor in model.state_dict(keep_vars=True).items() if tensor.requires_grad}
+    # DCP keeps a frozen tied head (its own name for the frozen embedding): left out here too. The
+    # parameters say what trains (a state dict of keep_vars may hold an unsharded view that does not).
+    trained = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
     return {"model": {name: tensor for name, tensor in model_state.items() if name in trained},
             "optimizer": optim_state}
 

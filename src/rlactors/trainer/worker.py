@@ -28,6 +28,7 @@ import math
 import os
 import random
 from collections import defaultdict
+from pathlib import Path
 
 import ray
 import torch
@@ -356,8 +357,17 @@ class TrainerWorker:
     @resident
     def send_weights(self, engines: dict, policy_version: int, settings) -> dict | None:
         """Every rank's part of a weight sync (`rlactors.weight_sync.sender`): all gather, rank 0
-        sends and returns the figures. A tied lm_head is sent once, as the embedding; LoRA adapters
-        go merged into the weights they adapt (`fsdp.weight_items`)."""
+        sends and returns the figures. A tied lm_head is sent once, as the embedding. A LoRA actor
+        sends its adapter alone, or with `model.lora.merge` the weights it adapts merged
+        (`fsdp.weight_items`) through the same transports as a full model."""
+        if self.lora is not None and not self.lora.merge:  # the adapter alone (rlactors.weight_sync.adapters)
+            from rlactors.weight_sync.adapters import send_adapter
+
+            tensors = self._adapter_tensors(getattr(torch, settings.dtype or "float32"))
+            stats = send_adapter(tensors, engines, policy_version, settings, self.lora, self.model_path) \
+                if self.rank == 0 else None
+            self.phases.record("export_weights", memory_figures(), num_bytes=(stats or {}).get("weight_bytes", 0))
+            return stats
         if self.weight_sender is None:
             from rlactors.weight_sync.sender import WeightSender
 
@@ -370,7 +380,8 @@ class TrainerWorker:
     @resident
     def save_hf(self, path: str) -> None:
         """Write a Hugging Face folder at `path` (`rlactors.trainer.hf_export`): every rank joins
-        the gathers, tensor by tensor; rank 0 writes a shard per bucket, on CPU."""
+        the gathers, tensor by tensor; rank 0 writes a shard per bucket, on CPU. A LoRA actor's
+        folder holds the merged model, and its adapter as a peft folder in `path/adapter`."""
         from rlactors.trainer.hf_export import SHARD_BYTES, source_dtype, write_hf_folder
 
         if self.role == "critic":
@@ -382,7 +393,16 @@ class TrainerWorker:
         else:
             for _ in buckets:  # the gathers are collectives: every rank walks them
                 pass
+        if self.lora is not None:  # and the adapter alone, as peft saves it
+            adapter = self._adapter_tensors(dtype)
+            if self.rank == 0:
+                lora.save_adapter(Path(path) / lora.ADAPTER_FOLDER, adapter, self.lora, self.model_path)
         dist.barrier()
+
+    def _adapter_tensors(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """The LoRA adapter's whole tensors by peft name on rank 0 ({} elsewhere); all ranks gather."""
+        return fsdp.gather_whole(lora.adapter_state_items(self.model, fsdp.unique_state_items(self.model)),
+                                 keep=self.rank == 0, dtype=dtype)
 
     # ----------------------------------------------------------------------------------------
     # Checkpoint

@@ -104,6 +104,7 @@ class WeightSyncSettings:
     call_timeout_s: float
     workers_per_engine: int = 1  # tensor-parallel workers of each engine (NCCL ranks)
     verify: bool = False
+    adapter_dir: str | None = None  # a LoRA run's adapter-only syncs write here (`rlactors.weight_sync.adapters`)
 
 
 def nccl_world_size(num_engines: int, workers_per_engine: int) -> int:
