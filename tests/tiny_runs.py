@@ -93,6 +93,31 @@ def record_published_weights(monkeypatch) -> dict:
     return published
 
 
+def check_tokens_against_their_versions(batches, published: dict, model) -> int:
+    """Every trained token's logprob (`record_scored_batches`) is that of the published weights
+    (`record_published_weights`) its policy version names, by a transformers forward of `model`'s
+    class (fp32) to 1e-4, and a response's versions never go back. Returns how many responses span
+    versions."""
+    import torch
+    from conftest import reference_logprobs
+
+    references = {}
+    for version, weights in published.items():
+        references[version] = type(model)(model.config).eval()
+        missing, unexpected = references[version].load_state_dict(weights, strict=False)
+        assert not unexpected and set(missing) <= {"lm_head.weight"}  # tied to the embedding
+    samples = [sample for _, groups in batches for group in groups for sample in group.samples]
+    for sample in samples:
+        versions = sample.token_policy_versions
+        assert versions == sorted(versions) and set(versions) <= set(published), versions
+        engine_logprobs = torch.tensor(sample.response_logprobs).double()
+        for version in set(versions):
+            span = [i for i, v in enumerate(versions) if v == version]
+            expected = reference_logprobs(references[version], sample.prompt_token_ids, sample.response_token_ids, 1.0)
+            assert (engine_logprobs[span] - expected[span]).abs().max() < 1e-4, (sample.prompt_id, version)
+    return sum(len(set(sample.token_policy_versions)) > 1 for sample in samples)
+
+
 # Per-step vLLM lines that used to reach the terminal on every training step.
 PER_STEP_LINES = ("setting pause state", "Successfully reset prefix cache", "sleep mode is not supported",
                   "Failed to load weights")

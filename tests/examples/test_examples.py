@@ -35,6 +35,7 @@ PER_EXAMPLE = {
     "gsm8k_gspo_qwen3_8b.yaml": ["data.task=gsm8k"],
     "math_cispo_qwen2.5_math_7b.yaml": ["data.task=math"],
     "math_grpo_qwen3_30b_a3b_async.yaml": ["data.task=math"],
+    "gsm8k_grpo_qwen3_8b_lora.yaml": ["data.task=gsm8k"],
 }
 
 
@@ -47,8 +48,10 @@ PER_EXAMPLE = {
 SLOW = {"gsm8k_grpo_qwen3_8b.yaml"}
 # The MoE example's run settings are DAPO-async's without its sampling options; an MoE model runs
 # through both modes in tests/pipelines/test_moe_runs.py, and the example plans in tests/placement.
+# The LoRA example's run settings are the main example's with adapters: LoRA runs through both modes
+# in tests/pipelines/test_lora_runs.py, and the example plans in tests/placement.
 CHECKED_WITHOUT_A_RUN = {"gsm8k_gspo_qwen3_8b.yaml", "math_cispo_qwen2.5_math_7b.yaml",
-                         "math_grpo_qwen3_30b_a3b_async.yaml"}
+                         "math_grpo_qwen3_30b_a3b_async.yaml", "gsm8k_grpo_qwen3_8b_lora.yaml"}
 # Run end to end on the tiny model by other tests, with tiny overrides of their own: not a third time here.
 RUN_ELSEWHERE = {"quickstart_cpu.yaml": "tests/cluster/test_job_submit.py runs it as a submitted job (make test), "
                                         "tests/runtime/test_logs.py through `python -m rlactors run` with its own Ray"}

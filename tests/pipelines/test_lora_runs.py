@@ -103,8 +103,7 @@ def test_async_partial_rollouts_span_adapter_swaps_and_each_token_has_its_versio
                                                                                    monkeypatch):
     """Fully-async, an adapter sync every step, responses long enough to be cut by one: each token's
     logprob is that of the merged weights its version names (a transformers forward, fp32)."""
-    from conftest import reference_logprobs
-    from tiny_runs import record_published_weights, record_scored_batches
+    from tiny_runs import check_tokens_against_their_versions, record_published_weights, record_scored_batches
 
     published = record_published_weights(monkeypatch)  # the actor's export: its merged weights
     batches = record_scored_batches(monkeypatch)
@@ -115,17 +114,4 @@ def test_async_partial_rollouts_span_adapter_swaps_and_each_token_has_its_versio
     assert max(h["staleness/max"] for h in history[1:]) <= 1
     model, _ = reference
     published.setdefault(0, model.state_dict())  # the engines start on the base: the adapter's B starts at 0
-    references = {}
-    for version, weights in published.items():
-        references[version] = type(model)(model.config).eval()
-        references[version].load_state_dict(weights, strict=False)  # a tied head is the embedding
-    samples = [sample for _, groups in batches for group in groups for sample in group.samples]
-    assert any(len(set(s.token_policy_versions)) > 1 for s in samples), "no response spans an adapter swap"
-    for sample in samples:
-        versions = sample.token_policy_versions
-        assert versions == sorted(versions) and set(versions) <= set(published), versions
-        engine_logprobs = torch.tensor(sample.response_logprobs).double()
-        for version in set(versions):
-            span = [i for i, v in enumerate(versions) if v == version]
-            expected = reference_logprobs(references[version], sample.prompt_token_ids, sample.response_token_ids, 1.0)
-            assert (engine_logprobs[span] - expected[span]).abs().max() < 1e-4, (sample.prompt_id, version)
+    assert check_tokens_against_their_versions(batches, published, model), "no response spans an adapter swap"

@@ -223,9 +223,7 @@ def test_async_partial_rollouts_label_each_token_with_the_weights_that_made_it(w
     span versions, and each token's logprob is that of the published weights its version names
     (a transformers forward, fp32). The test `make test-vllm-oldest` runs on vLLM 0.27, whose
     outputs carry no version labels: there the engine's own accounting is all there is."""
-    import torch
-    from conftest import reference_logprobs
-    from tiny_runs import record_published_weights, record_scored_batches
+    from tiny_runs import check_tokens_against_their_versions, record_published_weights, record_scored_batches
 
     published = record_published_weights(monkeypatch)
     batches = record_scored_batches(monkeypatch)
@@ -236,20 +234,4 @@ def test_async_partial_rollouts_label_each_token_with_the_weights_that_made_it(w
     assert max(h["staleness/max"] for h in history[1:]) <= 1
     model, _ = reference
     published.setdefault(0, model.state_dict())  # engines started for the run hold the checkpoint's weights
-    references = {}
-    for version, weights in published.items():
-        references[version] = type(model)(model.config).eval()
-        missing, unexpected = references[version].load_state_dict(weights, strict=False)
-        assert not unexpected and set(missing) <= {"lm_head.weight"}  # tied to the embedding
-    samples = [sample for _, groups in batches for group in groups for sample in group.samples]
-    spanning = [s for s in samples if len(set(s.token_policy_versions)) > 1]
-    assert spanning, "no response spans a weight update"
-    for sample in samples:
-        versions = sample.token_policy_versions
-        assert versions == sorted(versions) and set(versions) <= set(published), versions
-        engine_logprobs = torch.tensor(sample.response_logprobs).double()
-        for version in set(versions):
-            span = [i for i, v in enumerate(versions) if v == version]
-            expected = reference_logprobs(references[version], sample.prompt_token_ids, sample.response_token_ids, 1.0)
-            assert (engine_logprobs[span] - expected[span]).abs().max() < 1e-4, (sample.prompt_id, version)
-    print(f"{len(spanning)} of {len(samples)} trained responses span versions")
+    assert check_tokens_against_their_versions(batches, published, model), "no response spans a weight update"

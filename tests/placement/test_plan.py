@@ -27,6 +27,7 @@ QWEN3_30B_A3B = {
     "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": False, "max_position_embeddings": 40960,
 }
 MOE_ASYNC = EXAMPLES / "math_grpo_qwen3_30b_a3b_async.yaml"
+LORA = EXAMPLES / "gsm8k_grpo_qwen3_8b_lora.yaml"
 
 
 def roles_by_device(plan):
@@ -221,3 +222,23 @@ def test_an_moe_model_counts_every_expert_in_memory_and_its_routed_ones_as_activ
     check_invariants(make_plan(config, ClusterShape.uniform(2, 8)))
     # One 8-GPU node cannot hold it: the trainer's ranks and the engines would share devices.
     assert not plan_report(config, ClusterShape.uniform(1, 8), device_memory_bytes=192 << 30)["feasible"]
+
+
+def test_the_lora_example_plans_on_4_gpus_where_the_full_fine_tune_does_not_fit(tmp_path):
+    """Qwen3-8B on 4 devices of 80 GiB: with LoRA the actor holds the frozen base (4 bytes per
+    parameter) and 16 bytes per adapter parameter, and no reference runs; without, the actor's
+    16 bytes per parameter and the reference do not fit beside the engines."""
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_8B))
+    shape = ClusterShape.uniform(1, 4)
+    lora = plan_report(load_config(LORA, [f"model.path={tmp_path}"]), shape, device_memory_bytes=80 << 30)
+    assert lora["feasible"], lora.get("reason")
+    num_parameters, num_adapter_parameters = lora["num_parameters"], lora["num_adapter_parameters"]
+    assert 170e6 < num_adapter_parameters < 180e6  # rank 64 on every linear layer of the 36 decoder layers
+    for row in lora["memory"]:
+        assert "reference_bytes" not in row
+        assert row["actor_bytes"] == (num_parameters * 4 + num_adapter_parameters * 16) // 4
+    assert "M in LoRA adapters trained" in format_report(lora)
+    full = plan_report(load_config(LORA, [f"model.path={tmp_path}", "model.lora.rank=0"]), shape,
+                       device_memory_bytes=80 << 30)
+    assert not full["feasible"] and "needs about" in full["reason"]
+    assert all(row["reference_bytes"] > 0 for row in full["memory"])

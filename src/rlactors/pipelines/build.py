@@ -243,7 +243,10 @@ def build_run(config: Config, model_path: str | None = None, warm: WarmActors | 
                                          bundle.node for bundle in plan.bundles}) if config.rollout.lora_rank else None)
     actor = trainers["actor"]
     router.set_weight_loader(lambda targets, version: actor.send_weights_ref(targets, version, weight_sync))
-    print(f"weight transport: {transport.transport} ({transport.reason})")
+    if weight_sync.adapter_dir:
+        print(f"weight transport: the LoRA adapter alone, as a peft folder in {weight_sync.adapter_dir}")
+    else:
+        print(f"weight transport: {transport.transport} ({transport.reason})")
     return Run(config, output_dir, tokenizer, dataset, val_requests, router, reward, buffer, actor,
                trainers.get("reference"), trainers.get("critic"), kl_controller, placement, builder, weight_sync,
                warm, key, bool(kept), resume_from=resume_from)

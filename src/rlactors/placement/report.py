@@ -70,6 +70,9 @@ def plan_report(config, cluster: ClusterShape, device_memory_bytes: int | None =
             choice = choose_for_plan(config.rollout.weight_transport, plan, config.rollout.num_engines,
                                      config.pipeline.mode == "colocated")
             report["weight_transport"], report["weight_transport_reason"] = choice.transport, choice.reason
+            if config.rollout.lora_rank:  # the adapter alone, by path (rlactors.weight_sync.adapters)
+                report["weight_transport"], report["weight_transport_reason"] = (
+                    "adapter", "LoRA: the adapter alone, as a peft folder the engines load by path")
         except ValueError as error:
             report["feasible"], report["reason"] = False, str(error)
     return report

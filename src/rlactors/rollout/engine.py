@@ -286,11 +286,14 @@ class RolloutEngine:
         pause_start = time.perf_counter()
         await self._gate.close(GATE_TIMEOUT_S)  # nothing enters vLLM until these weights are whole again
         self._requests.note_activity(self._gate)
-        self._update = WeightUpdate(policy_version, pause_start, was_asleep=self.asleep)
+        # With the gate closed, what is in vLLM is in `in_flight`: an engine with nothing there has
+        # nothing to stop or wait for, and skips vLLM's pause (which ends in a fixed 20 ms sleep).
+        self._update = WeightUpdate(policy_version, pause_start, was_asleep=self.asleep,
+                                    paused=not self.asleep and bool(self._requests.in_flight))
         if self.asleep:
             if "weights" in self._sleeping_tags:
                 await self._wake(["weights"])  # the KV cache stays freed until wake_up()
-        else:
+        elif self._update.paused:
             mode = "abort" if self.config.partial_rollout else "wait"  # see rlactors.rollout.weights
             await self._vllm("start_weight_update", self.llm.pause_generation(mode=mode, clear_cache=True))
         self._update.sync_start_s = time.perf_counter()
@@ -334,7 +337,7 @@ class RolloutEngine:
         self.policy_version = policy_version
         self.weights_mixed = self._weights_discarded = self._weights_of_last_run = False
         await self._record("load_weights", policy_version=policy_version, weight_bytes=update.weight_bytes)
-        if not update.was_asleep:
+        if update.paused:
             await self._vllm("finish_weight_update", self.llm.resume_generation())
         self._open_gate_if_ready()
         return update.timing()

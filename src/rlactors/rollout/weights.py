@@ -4,7 +4,8 @@ before its bytes go to vLLM, and the methods vLLM mixes into its workers.
 
 Weight updates go through vLLM's weight-transfer protocol, driven by a sender
 (`rlactors.weight_sync`): `init_weight_transfer_engine` once per sender, then per sync
-`start_weight_update(policy_version)` (generation pauses in vLLM), `update_weights` per bucket
+`start_weight_update(policy_version)` (generation pauses in vLLM, if anything is in flight there),
+`update_weights` per bucket
 (loaded through the model's own `load_weights` inside vLLM's layerwise reload) and
 `finish_weight_update(policy_version)` (prefix cache dropped, version label set, generation
 resumes). The transport is the engine's `weight_backend` (`rlactors.weight_sync.choice`). With
@@ -38,6 +39,7 @@ class WeightUpdate:
     policy_version: int  # the version it loads
     pause_start_s: float  # perf_counter when generation began to pause for it
     was_asleep: bool  # generation stays paused after it, until wake_up
+    paused: bool = True  # vLLM's scheduler was paused for it (requests were in flight): resume it after
     sync_start_s: float = 0.0  # perf_counter once paused (in-flight requests done), when loading began
     weight_bytes: int = 0  # loaded so far
 
