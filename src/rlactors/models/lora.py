@@ -22,7 +22,6 @@ Every function iterates the same tensors in the same order on every rank (the ga
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -145,6 +144,8 @@ def save_adapter(folder: str | Path, tensors: dict[str, torch.Tensor], config: L
     return folder
 
 
-def adapter_rank(folder: str | Path) -> int:
-    """The rank an adapter folder was saved with."""
-    return int(json.loads((Path(folder) / ADAPTER_CONFIG_FILE).read_text())["r"])
+def adapter_digest(folder: str | Path) -> str:
+    """sha256 of an adapter folder's tensors file, as this node reads it (a sync's `verify`)."""
+    import hashlib
+
+    return hashlib.sha256((Path(folder) / ADAPTER_WEIGHTS_FILE).read_bytes()).hexdigest()

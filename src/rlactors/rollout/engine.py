@@ -64,6 +64,7 @@ from typing import Any
 import ray
 
 from rlactors.config import RolloutConfig
+from rlactors.models.lora import adapter_digest
 from rlactors.placement.cluster import unplaced_options
 from rlactors.rollout.adapters import adapter_bytes, load_adapter_in_vllm
 from rlactors.rollout.admission import AdmissionGate
@@ -321,15 +322,17 @@ class RolloutEngine:
     async def load_adapter(self, folder: str, policy_version: int) -> dict:
         """A LoRA run's weight update: the peft adapter in `folder` (on this node's filesystem)
         replaces the one served, as `policy_version`, with the pause, version label and timing of a
-        full update (`finish_weight_update`). Every request admitted after it names this adapter."""
+        full update (`finish_weight_update`), and the sha256 of the adapter file it loaded. Every
+        request admitted after it names this adapter."""
         if not self.config.lora_rank:
             raise RuntimeError("load_adapter: this engine serves no LoRA adapters (rollout.lora_rank=0)")
         await self._pause_for_update(policy_version)
         update = self._update
         self.weights_mixed = True  # until the adapter is whole in every worker
+        digest = adapter_digest(folder)  # the bytes vLLM reads next, for the sender's `verify`
         self.adapter = await load_adapter_in_vllm(self._vllm, folder, policy_version)
         update.weight_bytes = adapter_bytes(folder)
-        return await self._resume_after_update(update)
+        return await self._resume_after_update(update) | {"adapter_sha256": digest}
 
     async def _resume_after_update(self, update: WeightUpdate) -> dict:
         policy_version = update.policy_version

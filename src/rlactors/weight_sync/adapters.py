@@ -10,7 +10,8 @@ only, so the folder is the transport: under /dev/shm when the engines share the 
 the run's own folder (which every node sees) otherwise. Older versions' folders are removed once
 a sync is done; an engine revived later gets the adapter from the trainer again. The figures are
 the `WeightSender`'s (`synced`, `failed` naming each engine's error, `actor_died`), with
-`transport="adapter"`.
+`transport="adapter"`. With `verify`, each engine's sha256 of the file it loaded must be the
+written file's.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 import torch
 
 from rlactors.config import LoraConfig
+from rlactors.models.lora import adapter_digest
 from rlactors.weight_sync.choice import WeightSyncSettings
 from rlactors.weight_sync.client import EngineSyncClient, WeightSyncError
 
@@ -47,9 +49,11 @@ def send_adapter(tensors: dict[str, torch.Tensor], engines: dict[int, tuple[obje
                                   settings.call_timeout_s)
         client.begin(policy_version)
         try:
-            client.call("load_adapter", str(folder), policy_version)
+            loaded = client.call("load_adapter", str(folder), policy_version)
         except WeightSyncError:
-            pass  # every engine failed: each is named in client.failed
+            loaded = {}  # every engine failed: each is named in client.failed
+        if settings.verify:
+            check_digests(client, loaded, adapter_digest(folder))
         figures.update(synced=sorted(client.live), failed=dict(client.failed), actor_died=sorted(client.actor_died))
         remove_older_versions(root, policy_version)
     elapsed = time.perf_counter() - start
@@ -62,6 +66,15 @@ def adapter_dir(output_dir: Path, node_ids: set) -> str:
     if len(node_ids) == 1 and Path("/dev/shm").is_dir():
         return str(Path("/dev/shm") / f"rlactors-adapters-{hashlib.sha256(str(output_dir).encode()).hexdigest()[:12]}")
     return str(output_dir / "adapters")
+
+
+def check_digests(client: EngineSyncClient, loaded: dict[int, dict], sent: str) -> None:
+    """An engine whose adapter file differs from the one written (a shared filesystem's stale or
+    partial copy) fails the sync like one that died."""
+    for index, result in loaded.items():
+        if result.get("adapter_sha256") != sent and index in client.live:
+            client.failed[index] = "verify: the adapter file the engine loaded differs from the one written"
+            client.live.remove(index)
 
 
 def remove_older_versions(root: Path, policy_version: int) -> None:
