@@ -43,6 +43,8 @@ def send_adapter(tensors: dict[str, torch.Tensor], engines: dict[int, tuple[obje
     figures = {"transport": TRANSPORT, "policy_version": policy_version, "init_s": 0.0, "weight_bytes": num_bytes,
                "num_buckets": None, "num_tensors": len(tensors), "synced": [], "failed": {}, "actor_died": []}
     if engines:
+        if not settings.adapter_dir:
+            raise ValueError("an adapter-only sync needs WeightSyncSettings.adapter_dir: a folder every engine reads")
         root = Path(settings.adapter_dir)
         folder = save_adapter(root / f"{VERSION_PREFIX}{policy_version}", tensors, lora_config, base_model_path)
         client = EngineSyncClient({index: handle for index, (handle, _) in engines.items()}, TRANSPORT,
