@@ -85,6 +85,7 @@ def test_the_export_is_the_merged_model_and_the_peft_adapter(colocated, tiny_mod
         torch.testing.assert_close(from_checkpoint(ids).logits, load_model(exported)(ids).logits, rtol=0, atol=1e-4)
 
 
+@pytest.mark.slow  # below it, in make test: the merge is peft's, and the merged model computes as the adapted one
 def test_merged_weights_through_the_full_sync_train_exactly_as_the_adapter_alone(colocated, warm_actors, tmp_path,
                                                                                 tiny_model_dir):
     """The same run with the adapter merged into the weights the engines get (through the full
