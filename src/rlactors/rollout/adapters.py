@@ -27,8 +27,9 @@ def served_rank(rank: int) -> int:
 
 async def load_adapter_in_vllm(vllm, folder: str, policy_version: int):
     """Load the adapter in `folder` through the engine's `VllmCalls` `vllm`, replacing the served
-    one, drop the prefix cache (the KV of the last adapter: vLLM keys its blocks by adapter name)
-    and label later tokens `policy_version`. Returns the `LoRARequest` requests name it by."""
+    one, drop the prefix cache (the KV of the last adapter; vLLM 0.32 also keys its blocks by the
+    adapter's name and path, and each version has its own folder) and label later tokens
+    `policy_version`. Returns the `LoRARequest` requests name it by."""
     from vllm.lora.request import LoRARequest
 
     llm = vllm.llm
