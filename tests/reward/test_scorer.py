@@ -16,6 +16,7 @@ from rlactors.reward import pool as pool_module
 from rlactors.reward.failures import ScoringFailedError
 from rlactors.reward.pool import RewardPool
 from rlactors.reward.scorer import RewardScorer
+from rlactors.reward.worker import start_worker, stop_worker
 from rlactors.types import Group, PromptRequest, Sample
 
 USER_FUNCTIONS = textwrap.dedent(
@@ -301,6 +302,24 @@ def test_grandchildren_die_with_a_killed_scorer_and_with_the_pool(ray_session, t
     finally:
         if pool.actors:
             pool.shutdown()
+
+
+def test_a_worker_whose_pipe_closes_takes_its_group_along(tmp_path):
+    # The race a pool's shutdown can lose: the actor closes the pipe, then is killed before it can
+    # kill the worker's group. The worker alone must then end the group.
+    path = tmp_path / "user_rewards.py"
+    path.write_text(USER_FUNCTIONS)
+    process, connection = start_worker(f"{path}:compute_score", "strict")
+    try:
+        connection.send([("x", "spawn", "ok", {"pid_dir": str(tmp_path)})])
+        assert connection.recv() == (1.0, {}, None)
+        (record,) = tmp_path.glob("spawn.*")
+        grandchild = int(record.suffix[1:])
+        assert alive(grandchild)
+        connection.close()
+        assert wait_until_gone([process.pid, grandchild], timeout_s=30.0) == []
+    finally:
+        stop_worker(process, connection)
 
 
 def test_a_pool_that_fails_to_start_leaves_no_scorer_behind(ray_session, monkeypatch):

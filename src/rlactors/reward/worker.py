@@ -4,6 +4,7 @@ The actor starts it with `start_new_session=True`, so the worker leads its own p
 every process a user function starts (a grandchild of the actor) is in that group unless it leaves
 it on purpose. Killing the group stops them all. It is killed:
 - by the actor, past a sample's time limit and on `close` (`stop_worker`);
+- by itself, when the actor closes its pipe (an actor killed right after closing cannot kill it);
 - by itself, when the actor dies (SIGKILL included): the kernel sends it SIGTERM
   (PR_SET_PDEATHSIG), and a thread watching its parent pid is the fallback where a signal handler
   cannot run (a long call in C holds the main thread); both kill the whole group;
@@ -89,8 +90,11 @@ def worker_main(fd: int, custom_function: str, gsm8k_mode: str, parent_pid: int)
     while True:
         try:
             tasks = connection.recv()
-        except EOFError:  # the actor closed the pipe
-            return
+        except EOFError:
+            # The actor closed the pipe: the user function's children go with this worker. The actor
+            # kills the group after closing, but it may itself be killed in between (a pool that
+            # stops scorers which did not close in time), and then nothing else would.
+            _kill_own_group()
         for data_source, text, ground_truth, extra_info in tasks:
             try:
                 # Unpickled once per batch, the group's samples share these objects: copy per call.
@@ -128,8 +132,8 @@ def start_worker(custom_function: str | None, gsm8k_mode: str) -> tuple[subproce
 
 
 def stop_worker(process: subprocess.Popen, connection: Connection) -> None:
+    kill_process_group(process.pid)  # before the pipe closes: a worker reading EOF ends the group itself
     connection.close()
-    kill_process_group(process.pid)
     process.wait()
 
 
