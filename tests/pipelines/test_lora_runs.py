@@ -1,7 +1,9 @@
 """LoRA runs through the whole stack (Ray, vLLM serving the adapter, FSDP2, buffer) on the tiny
 model: a colocated GRPO run whose engines get the adapter alone at every sync (verified) and
 compute the trainer's logprobs, whose reference policy is the actor's base, and which learns; its
-exact resume; its Hugging Face export (merged model and peft adapter, live and from the checkpoint).
+exact resume; its Hugging Face export (merged model and peft adapter, live and from the checkpoint);
+and (CI) a fully-async run with partial rollouts whose responses span adapter swaps, each token
+checked against the weights its version names.
 
 Below these runs: the adapters on a model against peft's own merge and loader
 (tests/models/test_lora.py), and a LoRA trainer group's optimizer, reference and checkpoint
@@ -80,3 +82,24 @@ def test_the_export_is_the_merged_model_and_the_peft_adapter(colocated, tiny_mod
     from_checkpoint = PeftModel.from_pretrained(load_model(tiny_model_dir), str(exported / "adapter"))
     with torch.no_grad():
         torch.testing.assert_close(from_checkpoint(ids).logits, load_model(exported)(ids).logits, rtol=0, atol=1e-4)
+
+
+@pytest.mark.slow  # CI runs it; make test keeps the colocated run above (a swap between responses)
+def test_fully_async_adapter_swaps_mid_response_keep_each_token_s_version(warm_actors, tmp_path, tiny_model_dir,
+                                                                          reference, monkeypatch):
+    """Fully-async with partial rollouts, an adapter sync every step, responses long enough to be
+    cut by one: responses span adapter versions, and each token's logprob is that of the merged
+    weights its version names (float64), and far from those of the response's other version."""
+    from tiny_runs import check_tokens_against_their_versions, record_published_weights, record_scored_batches
+
+    published = record_published_weights(monkeypatch)  # the actor's export: its merged weights
+    batches = record_scored_batches(monkeypatch)
+    history = run_pipeline(tiny_config(
+        tmp_path, tiny_model_dir, *LORA, "pipeline.mode=async", "rollout.partial_rollout=true", "pipeline.num_steps=3",
+        "buffer.max_staleness=1", "buffer.staleness_threshold=1.0", "rollout.sampling.max_response_tokens=48",
+        "rollout.sampling.ignore_eos=true"), warm=warm_actors)
+    assert max(h["staleness/max"] for h in history[1:]) <= 1
+    model, _ = reference
+    published.setdefault(0, model.state_dict())  # the engines start on the base: the adapter's B starts at 0
+    assert check_tokens_against_their_versions(batches, published, model, min_separation=1e-3), \
+        "no response spans an adapter swap"
