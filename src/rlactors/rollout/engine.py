@@ -319,20 +319,21 @@ class RolloutEngine:
         await close_update_in_vllm(self._vllm, self.weight_backend, policy_version)
         return await self._resume_after_update(update)
 
-    async def load_adapter(self, folder: str, policy_version: int) -> dict:
+    async def load_adapter(self, folder: str, policy_version: int, digest: bool = False) -> dict:
         """A LoRA run's weight update: the peft adapter in `folder` (on this node's filesystem)
         replaces the one served, as `policy_version`, with the pause, version label and timing of a
-        full update (`finish_weight_update`), and the sha256 of the adapter file it loaded. Every
-        request admitted after it names this adapter."""
+        full update (`finish_weight_update`); with `digest`, also the sha256 of the adapter file it
+        loaded (a sync's `verify`: hashing is a sixth of an adapter sync, paid only when asked).
+        Every request admitted after it names this adapter."""
         if not self.config.lora_rank:
             raise RuntimeError("load_adapter: this engine serves no LoRA adapters (rollout.lora_rank=0)")
         await self._pause_for_update(policy_version)
         update = self._update
         self.weights_mixed = True  # until the adapter is whole in every worker
-        digest = adapter_digest(folder)  # the bytes vLLM reads next, for the sender's `verify`
+        sha256 = {"adapter_sha256": adapter_digest(folder)} if digest else {}  # the bytes vLLM reads next
         self.adapter = await load_adapter_in_vllm(self._vllm, folder, policy_version)
         update.weight_bytes = adapter_bytes(folder)
-        return await self._resume_after_update(update) | {"adapter_sha256": digest}
+        return await self._resume_after_update(update) | sha256
 
     async def _resume_after_update(self, update: WeightUpdate) -> dict:
         policy_version = update.policy_version

@@ -51,7 +51,7 @@ def send_adapter(tensors: dict[str, torch.Tensor], engines: dict[int, tuple[obje
                                   settings.call_timeout_s)
         client.begin(policy_version)
         try:
-            loaded = client.call("load_adapter", str(folder), policy_version)
+            loaded = client.call("load_adapter", str(folder), policy_version, settings.verify)
         except WeightSyncError:
             loaded = {}  # every engine failed: each is named in client.failed
         if settings.verify:
