@@ -14,10 +14,9 @@ figure: gathers, transport and the engine's load, pause and resume included) and
 Trainer memory: each group runs `--num-updates` PPO updates on the same small random batch (the
 optimizer's state appears at the first step; activations are alike with and without adapters).
 `trainer_peak_bytes` is the median over the updates of the rank's peak resident memory in each,
-above what its process
-holds without a model (measured after dropping the run's model and optimizer, then
-loading them again): the CPU stand-in for a GPU's device memory, where Python, torch and Ray take
-none. The allocator gives back what it keeps of freed memory before each reading. `trainer_state_bytes`
+above what its process holds without a model (measured after dropping the run's model and
+optimizer, then loading them again): the CPU stand-in for a GPU's device memory, where Python,
+torch and Ray take none. The allocator gives back what it keeps of freed memory before each reading. `trainer_state_bytes`
 is the rank's parameters, gradients and optimizer state alone. One rank: FSDP2 keeps the gathered
 model between passes there (nothing to reshard to), in both groups alike.
 

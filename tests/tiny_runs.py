@@ -93,10 +93,9 @@ def record_published_weights(monkeypatch) -> dict:
     return published
 
 
-def check_tokens_against_their_versions(batches, published: dict, model, tolerance: float = 1e-4,
-                                       min_separation: float | None = None) -> int:
+def check_tokens_against_their_versions(batches, published: dict, model, min_separation: float | None = None) -> int:
     """Every trained token's logprob (`record_scored_batches`) is that of the published weights
-    (`record_published_weights`) its policy version names, to `tolerance`, and a response's versions
+    (`record_published_weights`) its policy version names, to 1e-4, and a response's versions
     never go back. Returns how many responses span versions.
 
     The reference is a transformers forward of `model`'s class in float64, the weights' exact
@@ -124,7 +123,7 @@ def check_tokens_against_their_versions(batches, published: dict, model, toleran
         for version in set(versions):
             span = [i for i, v in enumerate(versions) if v == version]
             difference = float((engine_logprobs[span] - expected[version][span]).abs().max())
-            assert difference < tolerance, (sample.prompt_id, version, difference)
+            assert difference < 1e-4, (sample.prompt_id, version, difference)
             others = set(versions) - {version} if min_separation is not None else set()
             for other in others:
                 separation = float((engine_logprobs[span] - expected[other][span]).abs().max())
