@@ -253,7 +253,7 @@ def test_step_where_every_sample_failed_stops_after_max_failed_steps(user_pool):
         user_pool.check_step(2, 2, failed)
 
 
-def wait_until_gone(pids: list[int], timeout_s: float = 60.0) -> list[str]:
+def wait_until_gone(pids: list[int], timeout_s: float = 20.0) -> list[str]:
     """What is still alive after `timeout_s` (a hang guard; normally they go within a second): each
     survivor as pid, state, parent, process group and command line, to tell which one is left."""
     deadline = time.monotonic() + timeout_s
@@ -320,6 +320,28 @@ def test_a_worker_whose_pipe_closes_takes_its_group_along(tmp_path):
         assert wait_until_gone([process.pid, grandchild], timeout_s=30.0) == []
     finally:
         stop_worker(process, connection)
+
+
+def test_a_worker_killed_alone_still_names_its_group_for_the_pool(tmp_path):
+    # Ray SIGKILLs a killed actor's children, the worker among them, before the pool looks: the
+    # pool must still kill the group the user function's children are left in, and only that one.
+    path = tmp_path / "user_rewards.py"
+    path.write_text(USER_FUNCTIONS)
+    process, connection = start_worker(f"{path}:compute_score", "strict")
+    try:
+        connection.send([("x", "spawn", "ok", {"pid_dir": str(tmp_path)})])
+        assert connection.recv() == (1.0, {}, None)
+        (record,) = tmp_path.glob("spawn.*")
+        grandchild = int(record.suffix[1:])
+        assert pool_module._is_worker_group(process.pid)  # alive: a reward worker
+        os.kill(process.pid, signal.SIGKILL)
+        assert pool_module._is_worker_group(process.pid)  # a zombie, then gone: its group is left
+        process.wait()
+        assert alive(grandchild) and pool_module._is_worker_group(process.pid)
+        assert not pool_module._is_worker_group(os.getpid())  # a live process that is not a reward worker
+    finally:
+        stop_worker(process, connection)
+    assert wait_until_gone([grandchild], timeout_s=30.0) == []
 
 
 def test_a_pool_that_fails_to_start_leaves_no_scorer_behind(ray_session, monkeypatch):

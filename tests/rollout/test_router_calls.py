@@ -4,6 +4,7 @@ answers health(), is killed and restarted with the current weights, and the run 
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -72,10 +73,11 @@ class StalledCoreEngine:
         self.in_flight = 0
 
     async def ready(self, run_settings=None) -> dict:
-        return {"healthy": True}
+        return await self.health()
 
     async def health(self) -> dict:
-        return {"healthy": True, "num_engine_outputs": 7, "num_in_flight_samples": self.in_flight, "paused": False}
+        return {"healthy": True, "num_engine_outputs": 7, "num_in_flight_samples": self.in_flight, "paused": False,
+                "pid": os.getpid()}
 
     async def load_state_dict(self, state: dict) -> None:
         pass

@@ -38,12 +38,17 @@ STARTUP_TIMEOUT_S = 300.0
 STATE_TIMEOUT_S = 600.0
 
 
-def _is_reward_worker(pid: int) -> bool:
-    # A pid recorded earlier may since belong to another process: kill only a reward worker.
+def _is_worker_group(pid: int) -> bool:
+    """Whether the process group `pid` is still the reward worker's. A pid recorded earlier may since
+    belong to another process: the group is the worker's if its leader is a reward worker, or if the
+    leader is gone (Ray SIGKILLs an actor's children when it kills the actor, so the worker may be
+    dead with the user function's children left in its group; Linux gives no new process a pid that
+    is a live group's id, so a dead leader's id names its own group or none)."""
     try:
-        return "worker_main" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
-    except OSError:
-        return False
+        state = Path(f"/proc/{pid}/stat").read_text(errors="replace").rsplit(")", 1)[1].split()[0]
+        return state == "Z" or "worker_main" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+    except OSError:  # gone
+        return True
 
 
 class RewardPool:
@@ -144,7 +149,7 @@ class RewardPool:
         pids = self.worker_pids()
         for index, actor in enumerate(self.actors):
             ray.kill(actor)  # closed or not
-            if index not in closed and pids[index] is not None and _is_reward_worker(pids[index]):
+            if index not in closed and pids[index] is not None and _is_worker_group(pids[index]):
                 kill_process_group(pids[index])
         self.actors, self.in_flight, self.worker_notes = [], [], []
         if errors or not_closed:

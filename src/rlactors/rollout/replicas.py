@@ -63,7 +63,10 @@ class Replicas:
         self._retry_at: dict[int, float] = {}  # restarting replica -> when to ask ready() again
         self._revive_by: dict[int, float] = {}  # reviving replica -> when it is given up as dead
         self._loading_version: dict[int, int] = {}  # replica -> policy_version its pending load carries
-        self._killed: set[int] = set()  # reviving replicas whose actor was killed for the current failure
+        # Each replica's actor process, as its last ready() answer gave it (None: not known).
+        self.pids: list[int | None] = [None] * num_engines
+        # Reviving replicas whose actor was killed for the current failure -> the killed process's pid.
+        self._killed: dict[int, int | None] = {}
 
     def health(self) -> list[dict]:
         with self.lock:
@@ -107,6 +110,13 @@ class Replicas:
             self._fail(index, reason, kill)
             return True
 
+    def note_pids(self, answers: dict[int, dict]) -> None:
+        """The actor processes ready() answered from (`RolloutEngine.health()["pid"]`): a revival
+        whose ready() the killed process answers, before its kill landed, is asked again."""
+        with self.lock:
+            for index, answer in answers.items():
+                self.pids[index] = answer.get("pid") if isinstance(answer, dict) else None
+
     def mark_dead(self, problems: dict[int, str]) -> None:
         """Replicas that failed to start, with their errors (their actors are the caller's to end)."""
         with self.lock:
@@ -115,10 +125,10 @@ class Replicas:
 
     def _fail(self, index: int, reason: str, kill: bool) -> None:
         """Count a failure and start the revival (lock held)."""
-        self._killed.discard(index)
+        self._killed.pop(index, None)
         if kill:
             ray.kill(self.engines[index], no_restart=False)
-            self._killed.add(index)
+            self._killed[index] = self.pids[index]
         self.num_failures[index] += 1
         self._incarnations[index] += 1
         self.last_errors[index] = reason
@@ -139,7 +149,7 @@ class Replicas:
         self.states[index], self.last_errors[index] = DEAD, reason
         for table in (self._revivals, self._retry_at, self._revive_by, self._loading_version):
             table.pop(index, None)
-        self._killed.discard(index)
+        self._killed.pop(index, None)
         ray.kill(self.engines[index], no_restart=True)
 
     def reviving(self) -> bool:
@@ -185,12 +195,16 @@ class Replicas:
         engine, state = self.engines[index], self.states[index]
         stage = "restart" if state == RESTARTING else "weight load"
         task_error = isinstance(answer, ray.exceptions.RayTaskError)
-        if state == RESTARTING and (is_engine_dead(answer) or (isinstance(answer, dict) and answer.get("healthy") is False)):
-            # A vLLM engine dead in the old incarnation, which answered before the kill landed (or
-            # was not killed: its failure was of another kind). Not a new failure.
+        killed_answered = (isinstance(answer, dict) and answer.get("pid") is not None
+                           and self._killed.get(index) == answer["pid"])
+        if state == RESTARTING and (killed_answered or is_engine_dead(answer)
+                                    or (isinstance(answer, dict) and answer.get("healthy") is False)):
+            # The old incarnation answered before the kill landed (ray.kill is asynchronous): the
+            # killed process itself, or a vLLM engine dead in it (or not killed: its failure was of
+            # another kind). Not a new failure; ask the incarnation Ray restarts.
             if index not in self._killed:
                 ray.kill(engine, no_restart=False)
-                self._killed.add(index)
+                self._killed[index] = self.pids[index]
             self._retry_at[index] = time.monotonic() + RETRY_INTERVAL_S
             return
         if isinstance(answer, ray.exceptions.ActorUnavailableError) or (
@@ -212,6 +226,8 @@ class Replicas:
         if state == RESTARTING or self._loading_version.get(index) != self.policy_version:
             # A restarted actor holds the initial checkpoint at version 0 (and a load that finished
             # after a newer update holds old weights): bring it up to date before it gets work.
+            if state == RESTARTING and isinstance(answer, dict):
+                self.pids[index] = answer.get("pid")
             self.states[index] = LOADING
             self._loading_version[index] = self.policy_version
             self._revive_by[index] = time.monotonic() + self.call_timeout_s
@@ -227,7 +243,7 @@ class Replicas:
         self.states[index] = HEALTHY
         self.loaded_versions[index] = self._loading_version.pop(index, self.policy_version)
         self._revive_by.pop(index, None)
-        self._killed.discard(index)
+        self._killed.pop(index, None)
 
     def no_live_message(self, prompt_ids: list[str]) -> str:
         prompt_ids = sorted(prompt_ids)

@@ -124,6 +124,7 @@ class RolloutRouter:
                 ray.kill(engine)
             raise EngineStartError(f"{len(problems)} of {len(self.engines)} rollout engine(s) failed to start:\n"
                                    + "\n".join(f"  replica {i}: {problem}" for i, problem in problems.items()))
+        self.replicas.note_pids(started.values)
         return self.health()
 
     def health(self) -> list[dict]:
