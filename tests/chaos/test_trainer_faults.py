@@ -32,7 +32,8 @@ def _config(tmp_path, tiny_model_dir, *overrides):
                        f"pipeline.num_steps={NUM_STEPS}", "pipeline.checkpoint_every_steps=1", *overrides)
 
 
-@pytest.mark.slow  # the rank's death at the group's level: tests/trainer/test_trainer_group.py
+@pytest.mark.extended  # the rank's death at the group's level: tests/trainer/test_trainer_group.py; exact resume:
+# tests/pipelines/test_pipelines.py; a driver killed and resumed: tests/chaos/test_checkpoint_faults.py
 def test_sigkill_of_trainer_rank_1_mid_update_then_resume(warm_actors, tmp_path, tiny_model_dir, monkeypatch):
     """The engines outlive the trainer's failure: kept, and the resumed run starts on them."""
     config = _config(tmp_path, tiny_model_dir, "pipeline.resume=never")

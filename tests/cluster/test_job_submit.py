@@ -201,6 +201,7 @@ def test_submit_script_sends_the_runtime_env_tested_here():
 
 
 @pytest.mark.vllm
+@pytest.mark.slow  # a Ray head and a job of its own; the quickstart's run settings: tests/examples (every example's checks)
 def test_quickstart_runs_as_a_submitted_job(ray_head, tmp_path, tiny_model_dir):
     output_dir = tmp_path / "run"
     overrides = [

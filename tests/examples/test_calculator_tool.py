@@ -11,7 +11,7 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "calculator_tool.py"
 # A Ray, a warm-up and a run of its own. In make test: the tool environments (tests/environments) and
 # a multi-turn run with every built-in environment (tests/pipelines/test_multiturn.py).
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.extended]
 KEYS = {"accuracy_before", "accuracy_after", "tool_use_share_before", "tool_use_share_after", "steps", "seconds"}
 
 

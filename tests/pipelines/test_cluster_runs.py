@@ -40,6 +40,7 @@ def check_outputs(output_dir: Path, num_ranks: int):
     assert (output_dir / "checkpoints" / "latest").read_text().strip() == "step_00000002"
 
 
+@pytest.mark.slow  # plans across nodes: tests/placement; the async run itself: tests/pipelines/test_pipelines.py
 def test_async_run_with_engine_and_trainer_on_different_nodes(two_nodes, tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     config = quickstart(tiny_model_dir, "async-run", "pipeline.mode=async")
@@ -51,7 +52,7 @@ def test_async_run_with_engine_and_trainer_on_different_nodes(two_nodes, tiny_mo
     check_outputs(tmp_path / "async-run", num_ranks=1)
 
 
-@pytest.mark.slow  # placing ranks on both nodes: tests/placement; a run across nodes: the async one above
+@pytest.mark.extended  # placing ranks on both nodes: tests/placement; a run across nodes: the async one above
 def test_colocated_run_with_trainer_ranks_on_both_nodes(two_nodes, tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     config = quickstart(tiny_model_dir, "colocated-run", "trainer.num_workers=2")

@@ -92,6 +92,7 @@ def test_the_export_holds_one_tensor_per_expert_and_the_trainers_weights(colocat
     assert "model.layers.0.mlp.experts.gate_up_proj" in moved and "model.layers.0.mlp.gate.weight" in moved
 
 
+@pytest.mark.slow  # make test: the colocated MoE runs above; the trainer routing by a record: tests/trainer
 def test_fully_async_ppo_with_a_critic_trains_the_moe_model(warm_actors, tiny_moe_model_dir, tmp_path):
     history = run_pipeline(tiny_config(
         tmp_path, tiny_moe_model_dir, *MOE, "pipeline.mode=async", "rollout.partial_rollout=true",

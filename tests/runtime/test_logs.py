@@ -88,7 +88,7 @@ QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart_cpu.
 
 
 @pytest.mark.vllm
-@pytest.mark.slow  # the same through `ray job submit`: tests/cluster/test_job_submit.py
+@pytest.mark.extended  # the same through `ray job submit`: tests/cluster/test_job_submit.py
 def test_a_run_prints_little_and_logs_everything(tmp_path, tiny_model_dir):
     """`python -m rlactors run` with its own local Ray."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS" and not k.startswith("RLACTORS_")}
