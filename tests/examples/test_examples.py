@@ -39,14 +39,15 @@ PER_EXAMPLE = {
 }
 
 
-# Run for 2 steps in make test: DAPO async with dynamic sampling, PPO with a critic. In the extended
-# tier (not CI): GRPO colocated with a KL loss on a reference trainer, the main example; CI runs a KL loss
-# on a reference trainer in tests/pipelines/test_algorithm_options.py (sapo+remax), and the example's
-# own config passes the run checks and its algorithm trains below. GSPO's and CISPO's examples
-# differ from it only in their algorithm section (a policy loss, its clip range and aggregation, no
-# KL): the names reach their functions (tests/trainer/test_policy_objective.py), options train
-# together through the real stack (tests/pipelines/test_algorithm_options.py), and each example's own
-# section gives a finite loss with a gradient below; a run of each would add nothing but two minutes.
+# Run for 2 steps in the slow tier: DAPO async with dynamic sampling, PPO with a critic (make test:
+# every example's checks below; async runs and a critic's loss in tests/pipelines and tests/trainer).
+# In the extended tier (not CI): GRPO colocated with a KL loss on a reference trainer, the main
+# example; CI runs a KL loss on a reference trainer in tests/pipelines/test_algorithm_options.py
+# (sapo+remax). GSPO's and CISPO's examples differ from it only in their algorithm section (a policy
+# loss, its clip range and aggregation, no KL): the names reach their functions
+# (tests/trainer/test_policy_objective.py), options train together through the real stack
+# (tests/pipelines/test_algorithm_options.py), and each example's own section gives a finite loss with
+# a gradient below; a run of each would add nothing but two minutes.
 EXTENDED = {"gsm8k_grpo_qwen3_8b.yaml"}
 # The MoE example's run settings are DAPO-async's without its sampling options; an MoE model runs
 # through both modes in tests/pipelines/test_moe_runs.py, and the example plans in tests/placement.
@@ -91,7 +92,7 @@ def test_every_example_loads_passes_the_run_checks_and_its_algorithm_trains(tmp_
     assert logp.grad.abs().sum() > 0 and not logp.grad[mask == 0].any()  # padding never learns
 
 
-@pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.extended] if name in EXTENDED else [])
+@pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.extended if name in EXTENDED else pytest.mark.slow])
                                   for name in sorted(set(PER_EXAMPLE) - set(RUN_ELSEWHERE) - CHECKED_WITHOUT_A_RUN)])
 def test_example_runs_two_steps(warm_actors, tmp_path, tiny_model_dir, name):
     config = load_config(EXAMPLES / name, TINY + PER_EXAMPLE[name] + [

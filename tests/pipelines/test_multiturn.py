@@ -22,8 +22,11 @@ def tools_config(tmp_path, tiny_model_dir, *overrides):
     ])
 
 
-# Async in make test (episodes across weight syncs, the producer thread); colocated in make test-extended.
-@pytest.mark.parametrize("mode", [pytest.param("colocated", marks=pytest.mark.extended), "async"])
+# Async in the slow tier (episodes across weight syncs, the producer thread); colocated in make
+# test-extended. In make test: episodes on the engine, turns, masks, versions and an episode across a
+# weight sync (tests/rollout/test_episode.py), the environments (tests/environments).
+@pytest.mark.parametrize("mode", [pytest.param("colocated", marks=pytest.mark.extended),
+                                  pytest.param("async", marks=pytest.mark.slow)])
 def test_two_steps_with_every_builtin_environment(ray_session, tmp_path, tiny_model_dir, mode):
     history = run_pipeline(tools_config(tmp_path, tiny_model_dir, f"pipeline.mode={mode}"))
     assert [h["step"] for h in history] == [0, 1, 2]

@@ -110,6 +110,8 @@ def test_a_failed_export_leaves_the_previous_folder_whole(tiny_model_dir, tmp_pa
 
 
 @pytest.mark.vllm
+@pytest.mark.slow  # a vLLM of its own; the export's logprobs in transformers: the live-export test above,
+# and vLLM loading these weights at every sync: tests/weight_sync
 def test_a_vllm_engine_serves_the_export_with_the_trainers_logprobs(trained):
     from rlactors.models import load_tokenizer
     from rlactors.rollout.engine import create_engine
