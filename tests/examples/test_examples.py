@@ -122,7 +122,7 @@ Path(os.environ["RLACTORS_NOTEBOOK_OUTPUT"], "checks.json").write_text(json.dump
 """
 
 
-@pytest.mark.slow  # a kernel of its own; the calls it makes are those of tests/pipelines' runs
+@pytest.mark.extended  # a kernel of its own; the calls it makes are those of tests/pipelines' runs (warm_actors)
 def test_notebook_executes_and_shows_real_values(ray_session, tmp_path, monkeypatch):
     import json
     import math
