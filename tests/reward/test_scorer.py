@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import textwrap
@@ -304,9 +305,10 @@ def test_grandchildren_die_with_a_killed_scorer_and_with_the_pool(ray_session, t
             pool.shutdown()
 
 
-def test_a_worker_whose_pipe_closes_takes_its_group_along(tmp_path):
-    # The race a pool's shutdown can lose: the actor closes the pipe, then is killed before it can
-    # kill the worker's group. The worker alone must then end the group.
+@contextlib.contextmanager
+def worker_with_a_grandchild(tmp_path):
+    """A reward worker (no Ray) whose user function has started a grandchild: (process, connection,
+    grandchild pid); the worker's group is stopped afterwards."""
     path = tmp_path / "user_rewards.py"
     path.write_text(USER_FUNCTIONS)
     process, connection = start_worker(f"{path}:compute_score", "strict")
@@ -314,33 +316,30 @@ def test_a_worker_whose_pipe_closes_takes_its_group_along(tmp_path):
         connection.send([("x", "spawn", "ok", {"pid_dir": str(tmp_path)})])
         assert connection.recv() == (1.0, {}, None)
         (record,) = tmp_path.glob("spawn.*")
-        grandchild = int(record.suffix[1:])
+        yield process, connection, int(record.suffix[1:])
+    finally:
+        stop_worker(process, connection)
+
+
+def test_a_worker_whose_pipe_closes_takes_its_group_along(tmp_path):
+    # The race a pool's shutdown can lose: the actor closes the pipe, then is killed before it can
+    # kill the worker's group. The worker alone must then end the group.
+    with worker_with_a_grandchild(tmp_path) as (process, connection, grandchild):
         assert alive(grandchild)
         connection.close()
         assert wait_until_gone([process.pid, grandchild], timeout_s=30.0) == []
-    finally:
-        stop_worker(process, connection)
 
 
 def test_a_worker_killed_alone_still_names_its_group_for_the_pool(tmp_path):
     # Ray SIGKILLs a killed actor's children, the worker among them, before the pool looks: the
     # pool must still kill the group the user function's children are left in, and only that one.
-    path = tmp_path / "user_rewards.py"
-    path.write_text(USER_FUNCTIONS)
-    process, connection = start_worker(f"{path}:compute_score", "strict")
-    try:
-        connection.send([("x", "spawn", "ok", {"pid_dir": str(tmp_path)})])
-        assert connection.recv() == (1.0, {}, None)
-        (record,) = tmp_path.glob("spawn.*")
-        grandchild = int(record.suffix[1:])
+    with worker_with_a_grandchild(tmp_path) as (process, connection, grandchild):
         assert pool_module._is_worker_group(process.pid)  # alive: a reward worker
         os.kill(process.pid, signal.SIGKILL)
         assert pool_module._is_worker_group(process.pid)  # a zombie, then gone: its group is left
         process.wait()
         assert alive(grandchild) and pool_module._is_worker_group(process.pid)
         assert not pool_module._is_worker_group(os.getpid())  # a live process that is not a reward worker
-    finally:
-        stop_worker(process, connection)
     assert wait_until_gone([grandchild], timeout_s=30.0) == []
 
 
