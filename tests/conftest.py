@@ -128,10 +128,13 @@ def ray_session():
 _releasable: dict = {}
 
 
-@pytest.fixture(autouse=True)
-def _release_what_this_test_does_not_use(request):
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    # A hook, not an autouse fixture: it runs before any of the test's fixtures are set up, so a
+    # module fixture that starts actors (test_router's two engines) never waits on CPUs that a
+    # session fixture of the previous file still holds. `fixturenames` is the whole closure.
     for name, release in _releasable.items():
-        if name not in request.fixturenames:
+        if name not in item.fixturenames:
             release()
 
 
