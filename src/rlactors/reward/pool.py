@@ -46,9 +46,12 @@ def _is_worker_group(pid: int) -> bool:
     is a live group's id, so a dead leader's id names its own group or none)."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text(errors="replace").rsplit(")", 1)[1].split()[0]
-        return state == "Z" or "worker_main" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+        command = Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
     except OSError:  # gone
         return True
+    # An empty command line: the leader is exiting (killed, its memory already torn down) or is a
+    # kernel thread (which leads no group a kill could reach).
+    return state in ("Z", "X") or not command or "worker_main" in command
 
 
 class RewardPool:
