@@ -119,3 +119,22 @@ def test_a_batch_summary_counts_model_and_observation_tokens_apart_and_names_its
     assert metrics["response_length/mean"] == 4.0  # every response token, as before
     assert metrics["response/model_tokens_mean"] == 3.0 and metrics["response/observation_tokens_mean"] == 1.0
     assert metrics["episode/num_turns_mean"] == 1.5 and metrics["episode/tool_calls_mean"] == 0.5
+
+
+def test_each_part_of_the_reward_is_logged_beside_their_sum():
+    from rlactors.buffer.records import SampledBatch, describe_batch
+    from rlactors.types import Group, PromptRequest, Sample
+
+    parts = [{"function": 1.0, "quality": 0.25}, {"function": 0.0, "quality": -0.75}]
+    samples = [Sample("p", i, [1, 2], [3], [-0.1], [0], score=0.5 * part["function"] + 2 * part["quality"],
+                      score_details={"acc": True, "reward_parts": part}) for i, part in enumerate(parts)]
+    sampled = describe_batch(SampledBatch(0, 0, [Group(PromptRequest("p", [1, 2]), samples)], staleness=[0],
+                                          epochs=[0]), None)
+    metrics = common.rollout_metrics(sampled, max_response_tokens=8)
+    assert metrics["reward/mean"] == pytest.approx((1.0 - 1.5) / 2)
+    assert metrics["reward/function/mean"] == 0.5 and metrics["reward/quality/mean"] == -0.25
+    for sample in samples:  # a run without reward models: no parts, no part metrics
+        sample.score_details = {"acc": True}
+    alone = describe_batch(SampledBatch(0, 0, [Group(PromptRequest("p", [1, 2]), samples)], staleness=[0],
+                                        epochs=[0]), None)
+    assert alone.score_parts == {} and "reward/function/mean" not in common.rollout_metrics(alone, 8)

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from rlactors.types import Group
+from rlactors.types import Group, Sample
 
 Key = tuple[int, str]  # (epoch, prompt_id)
 TERMINAL = ("trained", "dropped")
@@ -101,6 +101,8 @@ class SampledBatchRef:
     num_model_tokens: list[int] = field(default_factory=list)
     num_turns: list[int] = field(default_factory=list)
     num_tool_calls: list[int] = field(default_factory=list)
+    # With reward models: each part of the reward (`score_details["reward_parts"]`), by name, per sample.
+    score_parts: dict[str, list[float]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.group_ids)
@@ -117,7 +119,17 @@ def describe_batch(batch: SampledBatch, groups_ref: Any) -> SampledBatchRef:
         next((s.score_error for s in samples if s.score_error is not None), None), dict(batch.num_dropped),
         num_model_tokens=[s.num_model_tokens for s in samples], num_turns=[s.num_turns for s in samples],
         num_tool_calls=[s.num_tool_calls for s in samples], num_evicted_stale=batch.num_evicted_stale,
+        score_parts=score_parts(samples),
     )
+
+
+def score_parts(samples: list[Sample]) -> dict[str, list[float]]:
+    """Each reward part's values over the samples that have it (`score_details["reward_parts"]`)."""
+    parts: dict[str, list[float]] = {}
+    for sample in samples:
+        for name, value in sample.score_details.get("reward_parts", {}).items():
+            parts.setdefault(name, []).append(float(value))
+    return parts
 
 
 def capacity_groups(batch_size_prompts: int, trigger_parameter_sync_step: int, staleness_threshold: float) -> int:

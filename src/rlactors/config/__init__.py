@@ -8,6 +8,7 @@
                    and `Config`, their root
     algorithm.py   the algorithm's section: advantage estimator, policy loss, KL, rollout correction
     lora.py        the actor's LoRA adapters (`model.lora`)
+    reward_model.py  a reward model among the scorers (`reward.models`)
     loading.py     YAML and overrides onto `Config`; a bad key or value names its dotted path
 """
 
@@ -21,6 +22,7 @@ from rlactors.config.loading import (
     parse_override,
 )
 from rlactors.config.lora import LoraConfig
+from rlactors.config.reward_model import RewardModelConfig
 from rlactors.config.section import ConfigError, Section
 from rlactors.config.sections import (
     DEFAULT_LOGGERS,
@@ -41,7 +43,7 @@ from rlactors.config.sections import (
 
 __all__ = [
     "DEFAULT_LOGGERS", "AlgorithmConfig", "BufferConfig", "Config", "ConfigError", "DataConfig", "EnvironmentConfig",
-    "LoraConfig", "ModelConfig", "OptimConfig", "OverlongConfig", "PipelineConfig", "RewardConfig", "RolloutConfig",
+    "LoraConfig", "ModelConfig", "OptimConfig", "OverlongConfig", "PipelineConfig", "RewardConfig", "RewardModelConfig", "RolloutConfig",
     "RolloutCorrectionConfig", "SamplingConfig", "Section", "TrainerConfig", "ValidationSamplingConfig", "build_config",
     "config_to_dict", "describe_fields", "dump_config", "load_config", "parse_override",
 ]

@@ -11,6 +11,7 @@ from pydantic import Field, field_validator, model_validator
 
 from rlactors.config.algorithm import AlgorithmConfig
 from rlactors.config.lora import LoraConfig
+from rlactors.config.reward_model import RewardModelConfig
 from rlactors.config.section import Section
 
 # What `pipeline.loggers` is when not set; tensorboard in it may be missing (see that field).
@@ -229,6 +230,22 @@ class RewardConfig(Section):
     max_failed_steps: int = Field(
         3, ge=0, description="Stop the run after this many steps in a row where scoring failed on every sample; 0 never stops."
     )
+    function_weight: float = Field(
+        1.0, description="Weight of the rule or user function's score in the reward (with `models`, the sum of the "
+        "weighted parts; DAPO's overlong penalty is added to that sum).",
+    )
+    models: list[RewardModelConfig] = Field(
+        default_factory=list, description="Reward models scoring beside the function, each adding its weighted part.",
+    )
+
+    @field_validator("models")
+    @classmethod
+    def _distinct_names(cls, models: list[RewardModelConfig]) -> list[RewardModelConfig]:
+        names = [model.name for model in models]
+        repeated = sorted({name for name in names if names.count(name) > 1} | {"function"} & set(names))
+        if repeated:
+            raise ValueError(f"reward model names must be distinct and not 'function' (the function's part): {repeated}")
+        return models
 
 
 class BufferConfig(Section):

@@ -115,22 +115,28 @@ def tiny_model_config(preset: str, architecture: str, vocab_size: int, eos_token
     )
 
 
-def build_tiny_model(path: str | Path, preset: str = "tiny", seed: int = 0, architecture: str = "qwen2") -> Path:
-    """Write a random-init model + tokenizer folder at `path` (overwriting model files)."""
+def build_tiny_model(path: str | Path, preset: str = "tiny", seed: int = 0, architecture: str = "qwen2",
+                     head: str = "causal_lm") -> Path:
+    """Write a random-init model + tokenizer folder at `path` (overwriting model files). `head`:
+    "causal_lm" (a policy), or "classifier" (a reward model: one logit per sequence)."""
     import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, GenerationConfig
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = build_char_tokenizer()
     config = tiny_model_config(preset, architecture, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if head == "classifier":
+        config.num_labels = 1
+    model_class = {"causal_lm": AutoModelForCausalLM, "classifier": AutoModelForSequenceClassification}[head]
+    model = model_class.from_config(config, dtype=torch.float32)
     model.save_pretrained(path, safe_serialization=True)
     GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id).save_pretrained(path)
     tokenizer.save_pretrained(path)
     (path / BUILD_STAMP).write_text(
-        json.dumps({"preset": preset, "architecture": architecture, "seed": seed}, indent=2) + "\n"
+        json.dumps({"preset": preset, "architecture": architecture, "seed": seed}
+                   | ({"head": head} if head != "causal_lm" else {}), indent=2) + "\n"
     )
     return path
 

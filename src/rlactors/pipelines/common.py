@@ -226,6 +226,7 @@ def rollout_metrics(sampled: SampledBatchRef, max_response_tokens: int) -> dict[
     }
     if accuracy:
         metrics["reward/acc"] = float(np.mean(accuracy))
+    metrics |= {f"reward/{name}/mean": float(np.mean(values)) for name, values in sampled.score_parts.items()}
     return metrics
 
 

@@ -59,7 +59,8 @@ def run_eval(config: Config) -> dict:
     try:
         router = RolloutRouter.create(model_path, config.rollout, max_restarts=1, dtype=config.model.dtype)
         router.ready()
-        reward = RewardPool(config.reward, max_response_tokens=config.rollout.validation_sampling.max_response_tokens)
+        reward = RewardPool(config.reward, max_response_tokens=config.rollout.validation_sampling.max_response_tokens,
+                            policy_tokenizer_path=model_path)
         builder = BatchBuilder.remote(config.algorithm, model_path)
         metrics = score_requests(router, reward, builder, requests, config, folder / "samples.parquet")
     finally:

@@ -2,7 +2,9 @@
 bounded in time on any input by `rlactors.reward.limits`; `rlactors.reward.scorer` the Ray scorer
 actor, `rlactors.reward.pool` the `RewardPool` of them a driver calls (both imported from there, so
 this stays light), `rlactors.reward.worker` the subprocess that runs the functions,
-`rlactors.reward.failures` the rule that stops a run whose scoring fails everywhere."""
+`rlactors.reward.failures` the rule that stops a run whose scoring fails everywhere, and
+`rlactors.reward.model_scorer` the reward-model actor the pool chains after the function scorers
+(each adds its weighted part of the reward)."""
 
 from rlactors.reward.scoring import (
     check_score,

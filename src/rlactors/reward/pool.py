@@ -1,6 +1,7 @@
 """The pool of reward scorer actors, which spreads groups over them as soon as they arrive.
 
-    pool = RewardPool(config.reward, max_response_tokens=config.rollout.sampling.max_response_tokens)
+    pool = RewardPool(config.reward, max_response_tokens=config.rollout.sampling.max_response_tokens,
+                      policy_tokenizer_path=config.model.path)  # the path: only with reward models
     scored_ref = pool.score(group_ref)            # ObjectRef[Group]; scoring starts now
     scored_refs = pool.score_many(group_refs)     # several groups per actor call
     pool.metrics()                                # {"reward/num_errors": ..., "reward/num_timeouts": ...}
@@ -9,6 +10,9 @@ Refs in, refs out: Ray resolves the group refs given as top-level arguments insi
 the driver never fetches a group to score it and scoring overlaps with generation. Scored groups
 stay in the object store (`rlactors.runtime.transport`), whatever their size. What a scorer does with a
 group, and how a failing function is recorded: `rlactors.reward.scorer`.
+
+With reward models (`reward.models`) each group goes through stages, ref to ref: the function scorers,
+then each model's replicas in turn (`rlactors.reward.model_scorer`), each adding its weighted part.
 """
 
 from __future__ import annotations
@@ -19,8 +23,11 @@ from typing import Any
 
 import ray
 
-from rlactors.config import RewardConfig
+from rlactors.config import ConfigError, RewardConfig, RewardModelConfig
+from rlactors.models.folders import is_model_folder
 from rlactors.reward.failures import FailureStreak
+from rlactors.reward.model_scorer import COUNTERS as MODEL_COUNTERS
+from rlactors.reward.model_scorer import RewardModelScorer
 from rlactors.reward.scorer import COUNTERS, RewardScorer, resolve_function_spec
 from rlactors.reward.worker import kill_process_group, noted_worker
 from rlactors.runtime.calls import error_text, gather, get_within
@@ -57,7 +64,8 @@ def _is_worker_group(pid: int) -> bool:
 class RewardPool:
     """N `RewardScorer` actors; each call goes to the actor with the fewest groups in flight."""
 
-    def __init__(self, config: RewardConfig, max_response_tokens: int | None = None) -> None:
+    def __init__(self, config: RewardConfig, max_response_tokens: int | None = None,
+                 policy_tokenizer_path: str | None = None) -> None:
         overlong_buffer_tokens = None
         if config.overlong.enable:
             if max_response_tokens is None or config.overlong.buffer_tokens > max_response_tokens:
@@ -66,6 +74,9 @@ class RewardPool:
                     f"max_response_tokens ({max_response_tokens})"
                 )
             overlong_buffer_tokens = config.overlong.buffer_tokens
+        if config.models and policy_tokenizer_path is None:
+            raise ValueError("reward.models: the pool needs the policy's tokenizer path to give the models its prompts")
+        models = [_located(index, model) for index, model in enumerate(config.models)]
         self.max_groups_per_call = config.max_groups_per_call
         custom_function = resolve_function_spec(config.custom_function)
         self.actors = [
@@ -76,10 +87,21 @@ class RewardPool:
                 max_response_tokens,
                 overlong_buffer_tokens,
                 config.overlong.penalty_factor,
+                config.function_weight,
+                bool(config.models),
             )
             for _ in range(config.num_workers)
         ]
+        # Each model's replicas: one stage after the function scorers (`self.actors`).
+        self.model_names = [model.name for model in config.models]
+        self.model_actors = [
+            [RewardModelScorer.options(**results_in_object_store(
+                {"num_cpus": model.num_cpus_per_replica, "num_gpus": model.num_gpus_per_replica})).remote(
+                model, policy_tokenizer_path) for _ in range(model.num_replicas)]
+            for model in models
+        ]
         self.in_flight: list[list[tuple[ray.ObjectRef, int]]] = [[] for _ in self.actors]
+        self.model_in_flight = [[[] for _ in replicas] for replicas in self.model_actors]
         self.failures = FailureStreak(config.max_failed_steps)
         # Startup errors surface here. Each scorer's note of its current worker's pid (a timeout or a
         # restart of the actor starts a new worker, which replaces the note).
@@ -87,16 +109,23 @@ class RewardPool:
             self.worker_notes: list[tuple[str, str | None]] = get_within(
                 [actor.worker_note.remote() for actor in self.actors], STARTUP_TIMEOUT_S, "reward scorer startup"
             )
+            for name, replicas in zip(self.model_names, self.model_actors, strict=True):
+                get_within([replica.ready.remote() for replica in replicas], STARTUP_TIMEOUT_S,
+                           f"reward model {name!r} startup")
         except BaseException:
-            for actor in self.actors:  # nobody else holds them yet: a failed pool leaves no scorer behind
+            for actor in self._all_actors():  # nobody else holds them yet: a failed pool leaves no scorer behind
                 ray.kill(actor)
             raise
 
     def score(self, group: Group | ray.ObjectRef) -> ray.ObjectRef:
         """Ref to the scored copy of `group` (a Group or a ref to one)."""
-        index = self._least_loaded()
+        index = _least_loaded(self.in_flight)
         ref = self.actors[index].score.remote(group)
         self.in_flight[index].append((ref, 1))
+        for replicas, in_flight in zip(self.model_actors, self.model_in_flight, strict=True):
+            index = _least_loaded(in_flight)
+            ref = replicas[index].score.remote(ref)
+            in_flight[index].append((ref, 1))
         return ref
 
     def score_many(self, groups: list[Group | ray.ObjectRef]) -> list[ray.ObjectRef]:
@@ -109,16 +138,16 @@ class RewardPool:
             if len(chunk) == 1:
                 refs.append(self.score(chunk[0]))
                 continue
-            index = self._least_loaded()
-            chunk_refs = self.actors[index].score_groups.options(num_returns=len(chunk)).remote(*chunk)
-            self.in_flight[index].append((chunk_refs[0], len(chunk)))
+            chunk_refs = _call_least_loaded(self.actors, self.in_flight, chunk)
+            for replicas, in_flight in zip(self.model_actors, self.model_in_flight, strict=True):
+                chunk_refs = _call_least_loaded(replicas, in_flight, chunk_refs)
             refs += chunk_refs
         return refs
 
     def metrics(self) -> dict[str, float]:
         """Cumulative counters summed over the actors (reward/num_errors counts timeouts too)."""
         total: dict[str, float] = {}
-        for metrics in get_within([actor.metrics.remote() for actor in self.actors], STATE_TIMEOUT_S,
+        for metrics in get_within([actor.metrics.remote() for actor in self._all_actors()], STATE_TIMEOUT_S,
                                   "reward scorers' metrics"):
             for key, value in metrics.items():
                 total[key] = total.get(key, 0.0) + value
@@ -129,13 +158,27 @@ class RewardPool:
         states = get_within([actor.state_dict.remote() for actor in self.actors], STATE_TIMEOUT_S,
                             "reward scorers' state_dict")
         counts = {name: sum(state["counts"][name] for state in states) for name in COUNTERS}
-        return {"counts": counts, "scoring_s": sum(state["scoring_s"] for state in states)}
+        models = {}
+        for name, replicas in zip(self.model_names, self.model_actors, strict=True):
+            replica_states = get_within([replica.state_dict.remote() for replica in replicas], STATE_TIMEOUT_S,
+                                        f"reward model {name!r} state_dict")
+            models[name] = {"counts": {key: sum(state["counts"][key] for state in replica_states)
+                                       for key in MODEL_COUNTERS},
+                            "scoring_s": sum(state["scoring_s"] for state in replica_states)}
+        return {"counts": counts, "scoring_s": sum(state["scoring_s"] for state in states), "models": models}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The first actor takes the totals, the others start from zero."""
         empty = {"counts": dict.fromkeys(COUNTERS, 0), "scoring_s": 0.0}
         get_within([actor.load_state_dict.remote(state if i == 0 else empty) for i, actor in enumerate(self.actors)],
                    STATE_TIMEOUT_S, "reward scorers' load_state_dict")
+        # A model the checkpoint does not know (added on resume) starts from zero; one it knows and this
+        # run has not is left out of the checkpoints from now on.
+        empty_model = {"counts": dict.fromkeys(MODEL_COUNTERS, 0), "scoring_s": 0.0}
+        for name, replicas in zip(self.model_names, self.model_actors, strict=True):
+            saved = state.get("models", {}).get(name, empty_model)
+            get_within([replica.load_state_dict.remote(saved if i == 0 else empty_model)
+                        for i, replica in enumerate(replicas)], STATE_TIMEOUT_S, f"reward model {name!r} load_state_dict")
 
     def check_step(self, num_samples: int, num_score_errors: int, first_score_error: str | None) -> None:
         """Count one training step's scoring outcome (the buffer's summary of the batch: no Group
@@ -154,7 +197,11 @@ class RewardPool:
             ray.kill(actor)  # closed or not
             if index not in closed and pids[index] is not None and _is_worker_group(pids[index]):
                 kill_process_group(pids[index])
+        for replicas in self.model_actors:  # no process of their own: killing the actor frees the model
+            for replica in replicas:
+                ray.kill(replica)
         self.actors, self.in_flight, self.worker_notes = [], [], []
+        self.model_actors, self.model_in_flight = [[] for _ in self.model_names], [[] for _ in self.model_names]
         if errors or not_closed:
             problems = [f"scorer {index}: {error_text(error, first_line=True)}" for index, error in errors.items()]
             problems += [f"scorer {index} did not close within {CLOSE_TIMEOUT_S:g} s" for index in not_closed]
@@ -166,13 +213,35 @@ class RewardPool:
         node_id = ray.get_runtime_context().get_node_id()
         return [noted_worker(note) if node == node_id else None for node, note in self.worker_notes]
 
-    def _least_loaded(self) -> int:
-        for calls in self.in_flight:
-            if calls:
-                done, _ = ray.wait(
-                    [ref for ref, _ in calls], num_returns=len(calls), timeout=0, fetch_local=False
-                )
-                done_set = set(done)
-                calls[:] = [(ref, n) for ref, n in calls if ref not in done_set]
-        loads = [sum(n for _, n in calls) for calls in self.in_flight]
-        return loads.index(min(loads))
+    def _all_actors(self) -> list:
+        return self.actors + [replica for replicas in self.model_actors for replica in replicas]
+
+
+def _located(index: int, model: RewardModelConfig) -> RewardModelConfig:
+    """The model's settings with its folder's absolute path (replicas may run in another working
+    directory); a path that holds no model is an error naming the field, before any replica starts."""
+    path = Path(model.path).expanduser().resolve()
+    if not is_model_folder(path):
+        raise ConfigError(f"reward.models[{index}].path: {model.path} ({model.name!r}) holds no Hugging Face model "
+                          "folder (config.json and *.safetensors or *.bin)")
+    return model.model_copy(update={"path": str(path)})
+
+
+def _least_loaded(in_flight: list[list[tuple[ray.ObjectRef, int]]]) -> int:
+    """The index of the actor with the fewest groups in flight (`in_flight[i]`: actor i's calls not
+    known done, as (first ref, number of groups)), forgetting the calls that are done."""
+    for calls in in_flight:
+        if calls:
+            done, _ = ray.wait([ref for ref, _ in calls], num_returns=len(calls), timeout=0, fetch_local=False)
+            done_set = set(done)
+            calls[:] = [(ref, n) for ref, n in calls if ref not in done_set]
+    loads = [sum(n for _, n in calls) for calls in in_flight]
+    return loads.index(min(loads))
+
+
+def _call_least_loaded(actors: list, in_flight: list[list[tuple[ray.ObjectRef, int]]], groups: list) -> list[ray.ObjectRef]:
+    """One `score_groups` call with `groups` on the least loaded of `actors`: a ref per group."""
+    index = _least_loaded(in_flight)
+    refs = actors[index].score_groups.options(num_returns=len(groups)).remote(*groups)
+    in_flight[index].append((refs[0], len(groups)))
+    return refs

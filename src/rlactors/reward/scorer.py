@@ -57,7 +57,16 @@ COUNTERS = (
 # The actor
 
 
-def _scored_samples(group: Group) -> list[Sample]:
+def saved_counters(state: dict[str, Any], names: tuple[str, ...], owner: str) -> tuple[dict[str, int], float]:
+    """(counts, scoring_s) from a scorer's `state_dict`; a counter it does not know is an error
+    naming `owner`, one the state lacks starts from zero."""
+    unknown = set(state["counts"]) - set(names)
+    if unknown:
+        raise KeyError(f"{owner} state has unknown counters {sorted(unknown)}")
+    return dict.fromkeys(names, 0) | {k: int(v) for k, v in state["counts"].items()}, float(state["scoring_s"])
+
+
+def scored_samples(group: Group) -> list[Sample]:
     """The samples to score: the group's, then its greedy baseline (ReMax) if it has one."""
     return group.samples + ([group.baseline] if group.baseline is not None else [])
 
@@ -76,6 +85,8 @@ class RewardScorer:
         max_response_tokens: int | None = None,
         overlong_buffer_tokens: int | None = None,
         overlong_penalty_factor: float = 1.0,
+        function_weight: float = 1.0,
+        record_parts: bool = False,
     ) -> None:
         if overlong_buffer_tokens is not None and max_response_tokens is None:
             raise ValueError("overlong penalty needs max_response_tokens")
@@ -85,6 +96,9 @@ class RewardScorer:
             overlong_buffer_tokens,
             overlong_penalty_factor,
         )
+        # With reward models (`rlactors.reward.model_scorer`) the score is this function's weighted part,
+        # the raw one kept in score_details["reward_parts"]["function"]; the models add theirs after.
+        self.function_weight, self.record_parts = function_weight, record_parts
         self.counts = dict.fromkeys(COUNTERS, 0)
         self.scoring_s = 0.0
         self._worker_record = worker_record()
@@ -107,11 +121,7 @@ class RewardScorer:
         return {"counts": dict(self.counts), "scoring_s": self.scoring_s}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        unknown = set(state["counts"]) - set(COUNTERS)
-        if unknown:
-            raise KeyError(f"reward scorer state has unknown counters {sorted(unknown)}")
-        self.counts = dict.fromkeys(COUNTERS, 0) | {k: int(v) for k, v in state["counts"].items()}
-        self.scoring_s = float(state["scoring_s"])
+        self.counts, self.scoring_s = saved_counters(state, COUNTERS, "reward scorer")
 
     def worker_note(self) -> tuple[str, str | None]:
         """(node id, the file on that node where this scorer notes the pid of its current worker,
@@ -132,7 +142,7 @@ class RewardScorer:
         start = time.perf_counter()
         tasks, where = [], []
         for group_index, group in enumerate(groups):
-            for sample_index, sample in enumerate(_scored_samples(group)):
+            for sample_index, sample in enumerate(scored_samples(group)):
                 # An episode's environment scored it already (or failed, see `_finish`).
                 if sample.error is None and sample.environment_error is None and sample.episode_reward is None:
                     request = group.request
@@ -141,7 +151,8 @@ class RewardScorer:
         results = dict(zip(where, self._run(tasks), strict=True))
         scored = []
         for g, group in enumerate(groups):
-            finished = [self._finish(s, results.get((g, i))) for i, s in enumerate(_scored_samples(group))]
+            finished = [self._with_part(self._finish(s, results.get((g, i))))
+                        for i, s in enumerate(scored_samples(group))]
             baseline = finished.pop() if group.baseline is not None else None
             scored.append(replace(group, samples=finished, baseline=baseline))
         self.counts["num_groups"] += len(groups)
@@ -197,6 +208,9 @@ class RewardScorer:
             if self.counts["num_errors"] <= NUM_ERRORS_LOGGED:
                 logger.warning("reward scoring failed: %s: %s", where, error)
             return replace(sample, score=0.0, score_details={}, score_error=f"{where}: {error}")
+        if self.record_parts:
+            details = details | {"reward_parts": {"function": score}}
+        score = self.function_weight * score
         if self.overlong_buffer_tokens is not None:
             penalty = overlong_penalty(
                 sample.num_response_tokens,
@@ -207,6 +221,12 @@ class RewardScorer:
             details = details | {"overlong_penalty": penalty}
             score += penalty
         return replace(sample, score=score, score_details=details, score_error=None)
+
+    def _with_part(self, sample: Sample) -> Sample:
+        """A sample the function did not score, with part 0.0 where `record_parts` asks for parts."""
+        if not self.record_parts or "reward_parts" in sample.score_details:
+            return sample
+        return replace(sample, score_details=sample.score_details | {"reward_parts": {"function": 0.0}})
 
 
 # --------------------------------------------------------------------------------------------
