@@ -28,6 +28,7 @@ QWEN3_30B_A3B = {
 }
 MOE_ASYNC = EXAMPLES / "math_grpo_qwen3_30b_a3b_async.yaml"
 LORA = EXAMPLES / "gsm8k_grpo_qwen3_8b_lora.yaml"
+REWARD_MODEL = EXAMPLES / "chat_grpo_qwen3_8b_reward_model.yaml"
 
 
 def roles_by_device(plan):
@@ -242,3 +243,57 @@ def test_the_lora_example_plans_on_4_gpus_where_the_full_fine_tune_does_not_fit(
                        device_memory_bytes=80 << 30)
     assert not full["feasible"] and "needs about" in full["reason"]
     assert all(row["reference_bytes"] > 0 for row in full["memory"])
+
+
+def reward_models(*entries: str) -> str:
+    return "reward.models=[" + ", ".join("{" + entry + "}" for entry in entries) + "]"
+
+
+def test_reward_model_replicas_share_the_pool_or_take_devices_of_their_own():
+    # Colocated: the replicas of both shared models go round the pool's devices, one each in turn.
+    colocated = load_config(GSM8K, [reward_models("name: a, path: /a, num_replicas: 2", "name: b, path: /b")])
+    plan = make_plan(colocated, ClusterShape.uniform(1, 8))
+    check_invariants(plan)
+    roles = roles_by_device(plan)
+    assert [d for d, names in roles.items() if any(n.startswith("reward/") for n in names)] == [(0, 0), (0, 1), (0, 2)]
+    assert "reward/a:0" in roles[(0, 0)] and "reward/a:1" in roles[(0, 1)] and "reward/b:0" in roles[(0, 2)]
+    assert {slot.num_gpus for slot in plan.bundles[0].roles} == {0.25}  # actor, reference, rollout, reward/a
+    assert {"reward/a", "reward/b"} <= set(plan.roles_needed)
+    # Async: shared replicas sit on the training devices; own_devices makes a `reward` pool after the others.
+    apart = load_config(DAPO_ASYNC, [reward_models("name: a, path: /a, num_replicas: 2",
+                                                   "name: judge, path: /j, own_devices: true, num_replicas: 2")])
+    plan = make_plan(apart, ClusterShape.uniform(5, 8))
+    check_invariants(plan)
+    training = [b for b in plan.bundles if b.pool == "training"]
+    assert [slot.name for slot in training[0].roles][-1] == "reward/a:0" and "reward/a:1" in training[1].roles[-1].name
+    reward_pool = [b for b in plan.bundles if b.pool == "reward"]
+    assert [[slot.name for slot in b.roles] for b in reward_pool] == [["reward/judge:0"], ["reward/judge:1"]]
+    assert {b.node for b in reward_pool} == {4} and all(b.roles[0].num_gpus == 1.0 for b in reward_pool)
+    assert not make_plan(apart, ClusterShape.uniform(4, 8)).feasible  # 34 devices on 32
+    # On CPU a device of its own is a bundle of its CPUs: none asked for is refused, naming the replica.
+    cpu = ClusterShape((Node("local", 0, 8.0),))
+    quickstart = EXAMPLES / "quickstart_cpu.yaml"
+    refused = make_plan(load_config(quickstart, [reward_models("name: rm, path: /rm, own_devices: true")]), cpu)
+    assert not refused.feasible and "reward/rm:0 ask for none" in refused.reason
+    own = make_plan(load_config(quickstart, [reward_models("name: rm, path: /rm, own_devices: true, "
+                                                           "num_cpus_per_replica: 2")]), cpu)
+    check_invariants(own)
+    assert own.bundles[-1].pool == "reward" and own.bundles[-1].resources("cpu") == {"CPU": 2.0}
+
+
+def test_the_reward_model_example_plans_on_one_node_of_8_with_the_models_weights_counted(tmp_path, capsys):
+    policy, reward_model = tmp_path / "policy", tmp_path / "reward_model"
+    for folder, architecture in ((policy, "Qwen3ForCausalLM"), (reward_model, "Qwen3ForSequenceClassification")):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(QWEN3_8B | {"architectures": [architecture], "num_labels": 1}))
+    overrides = [f"model.path={policy}", reward_models(f"name: helpfulness, path: {reward_model}, dtype: bfloat16, "
+                                                       "num_replicas: 2")]
+    report = plan_report(load_config(REWARD_MODEL, overrides), ClusterShape.uniform(1, 8), device_memory_bytes=192 << 30)
+    assert report["feasible"], report.get("reason")
+    num_reward_parameters = report["reward_model_parameters"]["helpfulness"]
+    assert 7.5e9 < num_reward_parameters < report["num_parameters"]  # the same backbone, a 1-output head
+    with_models = [row for row in report["memory"] if "reward_models_bytes" in row]
+    assert len(with_models) == 2 and all(row["reward_models_bytes"] == num_reward_parameters * 2 for row in with_models)
+    without = report["memory"][2]
+    assert with_models[0]["peak_bytes"] - without["peak_bytes"] == num_reward_parameters * 2
+    assert "reward_models" in format_report(report)

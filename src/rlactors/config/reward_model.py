@@ -34,6 +34,8 @@ class RewardModelConfig(Section):
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Weights' dtype.")
     num_replicas: int = Field(1, ge=1, description="Actors holding a copy of the model; groups go to the least loaded.")
     num_cpus_per_replica: float = Field(0.0, ge=0, description="Ray CPUs reserved per replica.")
-    num_gpus_per_replica: float = Field(
-        0.0, ge=0, description="Ray GPUs per replica; the model runs on the accelerator Ray gives it, else on CPU.",
+    own_devices: bool = Field(
+        False, description="Each replica on a device of its own (a `reward` pool of the plan, beside the others). "
+        "Otherwise replicas share devices, as `rlactors plan` shows: the colocated pool's, or in async mode the "
+        "training pool's, one replica per device in turn. A replica runs on the accelerator of its device, else on CPU.",
     )

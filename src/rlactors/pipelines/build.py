@@ -227,7 +227,7 @@ def build_run(config: Config, model_path: str | None = None, warm: WarmActors | 
                                           dtype=config.model.dtype, weight_backend=transport.vllm_backend)
         router.ready()
         reward = RewardPool(config.reward, max_response_tokens=sampling.max_response_tokens,
-                            policy_tokenizer_path=model_path)
+                            policy_tokenizer_path=model_path, placement=placement)
     except BaseException:
         # Everything started so far, in and outside the placement groups; the error stays the one raised.
         stop_all(run_parts([*trainers.values(), *taken.values()], router, reward, buffer, builder), placement)

@@ -28,7 +28,15 @@ import ray
 from ray.util.placement_group import NODE_ID_LABEL_KEY, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from rlactors.placement.plan import ROLLOUT, ClusterShape, Node, PlanError, ResourcePlan, make_plan
+from rlactors.placement.plan import (
+    ROLLOUT,
+    ClusterShape,
+    Node,
+    PlanError,
+    ResourcePlan,
+    make_plan,
+    reward_model_role,
+)
 from rlactors.runtime.calls import error_text, gather
 
 
@@ -120,6 +128,13 @@ class Placement:
 
     def trainer_options(self, role: str, rank: int) -> dict:
         """Ray options of trainer rank `rank` of `role` ("actor", "reference" or "critic")."""
+        return self._slot_options(role, rank)
+
+    def reward_model_options(self, name: str, replica: int) -> dict:
+        """Ray options of replica `replica` of reward model `name` (`reward.models`)."""
+        return self._slot_options(reward_model_role(name), replica)
+
+    def _slot_options(self, role: str, rank: int) -> dict:
         bundle, slot = self.plan.bundle_of(role, rank)
         return {"num_cpus": slot.num_cpus, "num_gpus": slot.num_gpus, "scheduling_strategy": self._strategy(bundle.index)}
 

@@ -10,17 +10,18 @@ What is counted, per device, in bytes (activations are not: they depend on micro
 - an actor with LoRA adapters (`model.lora`): the frozen base's fp32 parameters (4 bytes each) and
   16 bytes per adapter parameter; its base is the reference policy, so no reference is counted;
 - rollout: the engine's weights in its dtype over its tensor-parallel ranks, and the KV-cache budget
-  vLLM takes: `gpu_memory_utilization` x device memory minus those weights.
+  vLLM takes: `gpu_memory_utilization` x device memory minus those weights;
+- reward models (`reward.models`): each replica's weights in its dtype, on its device all run long.
 Colocated devices are checked phase by phase: while the engines generate the trainer's state stays
 on the device unless `trainer.offload`; while the trainer runs the engines sleep (their weights and
-KV cache freed), so the trainer's state alone must fit.
+KV cache freed), so the trainer's state alone must fit; reward models count in both phases.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from rlactors.placement.plan import ROLLOUT, ResourcePlan
+from rlactors.placement.plan import ROLLOUT, ResourcePlan, reward_model_role
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 BYTES_PER_PARAMETER = {"actor": 16, "critic": 16, "reference": 4}
@@ -59,25 +60,42 @@ def adapter_parameter_count(model_path: str | Path, lora_config) -> int | None:
     return sum(parameter.numel() for parameter in model.parameters() if parameter.requires_grad)
 
 
-def _meta_model(model_path: str | Path):
+def reward_model_parameter_counts(config) -> dict[str, int | None]:
+    """Each reward model's parameters (`reward.models`, by name; None without a readable config.json)."""
+    counts = {}
+    for model in config.reward.models:
+        meta = _meta_model(model.path, classifier=True)
+        counts[model.name] = None if meta is None else sum(parameter.numel() for parameter in meta.parameters())
+    return counts
+
+
+def _meta_model(model_path: str | Path, classifier: bool = False):
     config_file = Path(model_path) / "config.json"
     if not config_file.is_file():
         return None
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
     try:
         model_config = AutoConfig.from_pretrained(str(model_path), local_files_only=True)
         with torch.device("meta"):
+            if classifier:
+                return AutoModelForSequenceClassification.from_config(model_config)
             return AutoModelForCausalLM.from_config(model_config)
     except (ValueError, KeyError, OSError) as error:
         raise ValueError(f"{config_file}: cannot build the model to count its parameters: {error}") from error
 
 
 def estimate_memory(plan: ResourcePlan, config, num_parameters: int, device_memory_bytes: int | None = None,
-                    num_adapter_parameters: int = 0) -> list[dict]:
+                    num_adapter_parameters: int = 0, reward_model_parameters: dict[str, int | None] | None = None
+                    ) -> list[dict]:
     """One row per device: bytes per role, the KV-cache budget, peak bytes and whether it fits.
-    `num_adapter_parameters`: those of the actor's LoRA adapters (`adapter_parameter_count`), if any."""
+    `num_adapter_parameters`: those of the actor's LoRA adapters (`adapter_parameter_count`), if any;
+    `reward_model_parameters`: each reward model's, by name (`reward_model_parameter_counts`; a model
+    missing or None there is not counted)."""
+    counts = reward_model_parameters or {}
+    reward_model_bytes = {reward_model_role(model.name): (counts.get(model.name) or 0) * DTYPE_BYTES[model.dtype]
+                          for model in config.reward.models}
     rollout, trainer = config.rollout, config.trainer
     dtype = config.model.dtype if config.model.dtype != "auto" else ("bfloat16" if plan.device_kind == "gpu"
                                                                      else "float32")
@@ -87,9 +105,13 @@ def estimate_memory(plan: ResourcePlan, config, num_parameters: int, device_memo
     for bundle in plan.bundles:
         row: dict = {"node": bundle.node, "device": bundle.device}
         trainer_bytes = 0
+        resident_bytes = 0  # on the device in every phase: the reward models
         for slot in bundle.roles:
             if slot.role == ROLLOUT:
                 row["rollout_weights_bytes"] = num_parameters * DTYPE_BYTES[dtype] // tp
+            elif slot.role in reward_model_bytes:
+                row["reward_models_bytes"] = row.get("reward_models_bytes", 0) + reward_model_bytes[slot.role]
+                resident_bytes += reward_model_bytes[slot.role]
             else:
                 role_bytes = num_parameters * BYTES_PER_PARAMETER[slot.role]
                 if slot.role == "actor" and config.model.lora.enabled:
@@ -105,7 +127,7 @@ def estimate_memory(plan: ResourcePlan, config, num_parameters: int, device_memo
             peak = max(generating, trainer_bytes)
         else:
             peak = engine_bytes + trainer_bytes
-        row["peak_bytes"] = peak
+        row["peak_bytes"] = peak + resident_bytes
         if device_memory_bytes is not None:
             row["fits"] = peak <= device_memory_bytes and row.get("kv_cache_bytes", 1) > 0
         rows.append(row)

@@ -16,6 +16,10 @@ roles' `num_cpus_*`), so CPU runs go through the same plan.
   request 1/(roles on that device), as veRL's resource pools do.
 - async: a rollout pool of num_engines x tensor_parallel_size devices and a training pool of
   trainer.num_workers devices, disjoint; the trainer roles share the training devices.
+- reward models (`reward.models`): role `reward/<name>`, rank = replica. A model with `own_devices`
+  takes a device per replica in a `reward` pool after the others; otherwise its replicas share the
+  colocated pool's devices, or in async mode the training pool's, one replica per device in turn
+  (the replicas of all such models counted together, so two models start on different devices).
 Layout: a pool takes devices node by node and never goes back to an earlier node, so ranks are in
 node order; it uses only nodes no earlier pool touched when it fits in them (pools on whole nodes);
 an engine's tensor-parallel ranks never straddle two nodes. On CPU an engine is one device whatever
@@ -177,6 +181,17 @@ def trainer_roles(config) -> list[str]:
             + ["critic"] * (algorithm.advantage == "gae"))
 
 
+def reward_model_role(name: str) -> str:
+    """The plan's role of reward model `name` (`reward.models`), its replicas the ranks."""
+    return f"reward/{name}"
+
+
+def reward_model_slots(config) -> list[tuple]:
+    """(model's settings, its slot) for every replica of every reward model, in config order."""
+    return [(model, RoleSlot(reward_model_role(model.name), replica, num_cpus=model.num_cpus_per_replica))
+            for model in config.reward.models for replica in range(model.num_replicas)]
+
+
 def make_plan(config, cluster: ClusterShape) -> ResourcePlan:
     """The resource plan of `config` (a `rlactors.config.Config`) on `cluster`; see the module doc.
     Never raises for a plan that does not fit: `feasible` is False and `reason` says why."""
@@ -202,15 +217,26 @@ def make_plan(config, cluster: ClusterShape) -> ResourcePlan:
     else:
         pools = {"rollout": [[engine_slot(d)] for d in range(num_rollout_devices)],
                  "training": [trainer_slots(rank) for rank in range(trainer.num_workers)]}
+    host = pools["shared" if mode == "colocated" else "training"]
+    shared = [slot for model, slot in reward_model_slots(config) if not model.own_devices]
+    for index, slot in enumerate(shared):
+        host[index % len(host)].append(slot)
+    own = [[slot] for model, slot in reward_model_slots(config) if model.own_devices]
+    if own:
+        pools["reward"] = own
     bundles: list[Bundle] = []
     for pool, devices in pools.items():
         for slots in devices:
             share = math.floor(10_000 / len(slots)) / 10_000 if kind == "gpu" else 0.0  # Ray counts in 1e-4
             bundles.append(Bundle(len(bundles), pool, [RoleSlot(s.role, s.rank, s.tp_rank, share, s.num_cpus)
                                                        for s in slots]))
-    plan = ResourcePlan(mode, kind, cluster, bundles, roles_needed=roles + [ROLLOUT],
+    plan = ResourcePlan(mode, kind, cluster, bundles,
+                        roles_needed=roles + [ROLLOUT] + list(dict.fromkeys(slot.role for _, slot in reward_model_slots(config))),
                         num_cpus_elsewhere=config.reward.num_workers * config.reward.num_cpus_per_worker)
-    plan.reason = _lay_out(plan, devices_per_engine)
+    empty = [slot.name for b in bundles if kind == "cpu" and not b.num_cpus for slot in b.roles]
+    plan.reason = (f"on CPU a device is a bundle of its roles' CPUs; {', '.join(empty)} ask for none (set "
+                   "reward.models[].num_cpus_per_replica above 0, or share devices)" if empty
+                   else _lay_out(plan, devices_per_engine))
     plan.feasible = not plan.reason
     return plan
 

@@ -17,6 +17,7 @@ from rlactors.placement.memory import (
     estimate_memory,
     memory_verdict,
     parameter_counts,
+    reward_model_parameter_counts,
 )
 from rlactors.placement.plan import ClusterShape, make_plan
 from rlactors.weight_sync.choice import choose_for_plan
@@ -60,8 +61,12 @@ def plan_report(config, cluster: ClusterShape, device_memory_bytes: int | None =
     if num_parameters is None:
         report.setdefault("memory_note", f"no readable {config.model.path}/config.json: memory not estimated")
     elif plan.feasible:
+        try:
+            report["reward_model_parameters"] = reward_model_parameter_counts(config)
+        except ValueError as error:
+            report["reward_model_parameters"], report["memory_note"] = {}, f"reward models not counted: {error}"
         report["memory"] = estimate_memory(plan, config, num_parameters, device_memory_bytes,
-                                           report["num_adapter_parameters"] or 0)
+                                           report["num_adapter_parameters"] or 0, report["reward_model_parameters"])
         verdict = memory_verdict(report["memory"], device_memory_bytes)
         if verdict:
             report["feasible"], report["reason"] = False, verdict
@@ -103,7 +108,7 @@ def format_report(report: dict) -> str:
         lines.append(f"memory per device, GiB ({counts}; activations not "
                      f"counted; device size {'%.0f GiB' % (size / GiB) if size else 'unknown: pass --device-memory-gib'}):")
         keys = [k for k in ("actor_bytes", "reference_bytes", "critic_bytes", "rollout_weights_bytes", "kv_cache_bytes",
-                            "peak_bytes") if any(k in row for row in report["memory"])]
+                            "reward_models_bytes", "peak_bytes") if any(k in row for row in report["memory"])]
         lines.append(f"{'node':>5}{'device':>7}" + "".join(f"{k.removesuffix('_bytes'):>17}" for k in keys)
                      + ("   fits" if size else ""))
         for row in report["memory"]:

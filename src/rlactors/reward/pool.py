@@ -25,6 +25,7 @@ import ray
 
 from rlactors.config import ConfigError, RewardConfig, RewardModelConfig
 from rlactors.models.folders import is_model_folder
+from rlactors.placement.cluster import unplaced_options
 from rlactors.reward.failures import FailureStreak
 from rlactors.reward.model_scorer import COUNTERS as MODEL_COUNTERS
 from rlactors.reward.model_scorer import RewardModelScorer
@@ -65,7 +66,10 @@ class RewardPool:
     """N `RewardScorer` actors; each call goes to the actor with the fewest groups in flight."""
 
     def __init__(self, config: RewardConfig, max_response_tokens: int | None = None,
-                 policy_tokenizer_path: str | None = None) -> None:
+                 policy_tokenizer_path: str | None = None, placement=None) -> None:
+        """`placement` (a `rlactors.placement.Placement`): the run's, which places each reward model
+        replica on its device; without it (a notebook, evaluation) a replica takes a whole GPU on a
+        cluster with GPUs."""
         overlong_buffer_tokens = None
         if config.overlong.enable:
             if max_response_tokens is None or config.overlong.buffer_tokens > max_response_tokens:
@@ -94,10 +98,13 @@ class RewardPool:
         ]
         # Each model's replicas: one stage after the function scorers (`self.actors`).
         self.model_names = [model.name for model in config.models]
+        def options(model: RewardModelConfig, replica: int) -> dict:
+            return (placement.reward_model_options(model.name, replica) if placement is not None
+                    else unplaced_options(model.num_cpus_per_replica, 1))
+
         self.model_actors = [
-            [RewardModelScorer.options(**results_in_object_store(
-                {"num_cpus": model.num_cpus_per_replica, "num_gpus": model.num_gpus_per_replica})).remote(
-                model, policy_tokenizer_path) for _ in range(model.num_replicas)]
+            [RewardModelScorer.options(**results_in_object_store(options(model, replica))).remote(
+                model, policy_tokenizer_path) for replica in range(model.num_replicas)]
             for model in models
         ]
         self.in_flight: list[list[tuple[ray.ObjectRef, int]]] = [[] for _ in self.actors]
