@@ -37,6 +37,7 @@ PER_EXAMPLE = {
     "math_grpo_qwen3_30b_a3b_async.yaml": ["data.task=math"],
     "gsm8k_grpo_qwen3_8b_lora.yaml": ["data.task=gsm8k"],
     "chat_grpo_qwen3_8b_reward_model.yaml": ["data.task=gsm8k"],
+    "chat_grpo_qwen3_8b_judge.yaml": ["data.task=gsm8k"],
 }
 
 
@@ -54,12 +55,12 @@ EXTENDED = {"gsm8k_grpo_qwen3_8b.yaml"}
 # through both modes in tests/pipelines/test_moe_runs.py, and the example plans in tests/placement.
 # The LoRA example's run settings are the main example's with adapters: LoRA runs through both modes
 # in tests/pipelines/test_lora_runs.py, and the example plans in tests/placement.
-# The reward-model example's run settings are the main example's with a reward model beside the rule:
-# reward models score a run in tests/pipelines/test_reward_model_runs.py, and the example plans in
-# tests/placement.
+# The reward-model and judge examples' run settings are the main example's with a reward model beside
+# the rule: a classifier and a judge score a run in tests/pipelines/test_reward_model_runs.py, and the
+# examples plan in tests/placement.
 CHECKED_WITHOUT_A_RUN = {"gsm8k_gspo_qwen3_8b.yaml", "math_cispo_qwen2.5_math_7b.yaml",
                          "math_grpo_qwen3_30b_a3b_async.yaml", "gsm8k_grpo_qwen3_8b_lora.yaml",
-                         "chat_grpo_qwen3_8b_reward_model.yaml"}
+                         "chat_grpo_qwen3_8b_reward_model.yaml", "chat_grpo_qwen3_8b_judge.yaml"}
 # Run end to end on the tiny model by other tests, with tiny overrides of their own: not a third time here.
 RUN_ELSEWHERE = {"quickstart_cpu.yaml": "tests/cluster/test_job_submit.py runs it as a submitted job (make test), "
                                         "tests/runtime/test_logs.py through `python -m rlactors run` with its own Ray"}

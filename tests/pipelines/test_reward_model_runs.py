@@ -1,36 +1,42 @@
-"""A run scored by a reward model beside the rule, through the whole stack (Ray, vLLM, FSDP2, the
-reward actors, the buffer) on the tiny model: each part of the reward logged beside their sum, and
-every trained sample's score the weighted sum of its parts, the model's part its logit on what the
-policy saw and wrote.
+"""A run scored by a classifier and an LLM judge beside the rule, through the whole stack (Ray,
+vLLM, FSDP2, the reward actors, the buffer) on the tiny model: each part of the reward logged
+beside their sum, every trained sample's score the weighted sum of its parts, the classifier's part
+its logit on what the policy saw and wrote, the judge's its verdict on the output it kept.
 
-Below this run: the scorer, the pool's stages, a replica's restart and the checkpoint
-(tests/reward/test_model_scorer.py), the metrics (tests/pipelines/test_common.py), the plan
-(tests/placement/test_plan.py)."""
+Below this run: the classifier, the pool's stages, a replica's restart and the checkpoint
+(tests/reward/test_model_scorer.py), the judge on an engine (tests/reward/test_judge.py), the
+metrics (tests/pipelines/test_common.py), the plan (tests/placement/test_plan.py)."""
 
 import pytest
 from tiny_runs import record_scored_batches, tiny_config
 
 from rlactors.pipelines import run_pipeline
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # its plan has a reward-model role: vLLM starts for it
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # its plan has reward-model roles: vLLM starts for it
+
+VERDICT = "def length(output):\n    return float(len(output))\n"
 
 
-def test_a_run_scored_by_a_reward_model_logs_each_part_and_trains_on_their_sum(warm_actors, tiny_model_dir,
-                                                                                 tmp_path, monkeypatch):
+def test_a_run_scored_by_reward_models_logs_each_part_and_trains_on_their_sum(warm_actors, tiny_model_dir,
+                                                                               tmp_path, monkeypatch):
     from rlactors.config import RewardModelConfig
     from rlactors.models import build_tiny_model, load_tokenizer
     from rlactors.reward.model_scorer import load_classifier, score_sequences
 
     reward_model_dir = build_tiny_model(tmp_path / "reward_model", seed=1, head="classifier")
-    config = tiny_config(tmp_path, tiny_model_dir, "reward.function_weight=0.5",
-                         f"reward.models=[{{name: quality, path: {reward_model_dir}, weight: 2.0, batch_size: 4}}]")
+    (tmp_path / "verdicts.py").write_text(VERDICT)
+    judge = (f"{{name: judge, kind: judge, path: {tiny_model_dir}, weight: 0.01, judge: {{verdict: "
+             f"'{tmp_path / 'verdicts.py'}:length', max_response_tokens: 4, chat_template: false, max_model_len: 512}}}}")
+    config = tiny_config(tmp_path, tiny_model_dir, "reward.function_weight=0.5", "reward.models=["
+                         f"{{name: quality, path: {reward_model_dir}, weight: 2.0, batch_size: 4}}, {judge}]")
     batches = record_scored_batches(monkeypatch)
     history = run_pipeline(config, warm=warm_actors)
 
     assert [h["step"] for h in history] == [0, 1, 2]
     for step in history[1:]:
-        assert step["reward/mean"] == pytest.approx(0.5 * step["reward/function/mean"]
-                                                    + 2.0 * step["reward/quality/mean"], abs=1e-6)
+        assert step["reward/mean"] == pytest.approx(0.5 * step["reward/function/mean"] + 2.0 * step["reward/quality/mean"]
+                                                    + 0.01 * step["reward/judge/mean"], abs=1e-6)
+        assert step["reward/judge/mean"] > 0  # the judge wrote something for every response
     model, tokenizer = load_classifier(RewardModelConfig(name="quality", path=str(reward_model_dir)))
     policy_tokenizer = load_tokenizer(tiny_model_dir)
     samples = [s for num_errors, groups in batches for g in groups for s in g.samples]
@@ -40,4 +46,6 @@ def test_a_run_scored_by_a_reward_model_logs_each_part_and_trains_on_their_sum(w
     for sample, logit in zip(samples, logits, strict=True):
         parts = sample.score_details["reward_parts"]
         assert parts["quality"] == pytest.approx(logit, abs=1e-4)
-        assert sample.score == pytest.approx(0.5 * parts["function"] + 2.0 * parts["quality"], abs=1e-6)
+        assert parts["judge"] == len(sample.score_details["reward_outputs"]["judge"])
+        assert sample.score == pytest.approx(0.5 * parts["function"] + 2.0 * parts["quality"] + 0.01 * parts["judge"],
+                                             abs=1e-6)

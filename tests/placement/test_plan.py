@@ -29,6 +29,7 @@ QWEN3_30B_A3B = {
 MOE_ASYNC = EXAMPLES / "math_grpo_qwen3_30b_a3b_async.yaml"
 LORA = EXAMPLES / "gsm8k_grpo_qwen3_8b_lora.yaml"
 REWARD_MODEL = EXAMPLES / "chat_grpo_qwen3_8b_reward_model.yaml"
+JUDGE = EXAMPLES / "chat_grpo_qwen3_8b_judge.yaml"
 
 
 def roles_by_device(plan):
@@ -297,3 +298,20 @@ def test_the_reward_model_example_plans_on_one_node_of_8_with_the_models_weights
     without = report["memory"][2]
     assert with_models[0]["peak_bytes"] - without["peak_bytes"] == num_reward_parameters * 2
     assert "reward_models" in format_report(report)
+
+
+def test_the_judge_example_plans_on_one_node_of_8_with_each_judge_engines_share_counted(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_8B))
+    overrides = [f"model.path={tmp_path}", reward_models(f"name: judge, kind: judge, path: {tmp_path}, "
+                                                         "dtype: bfloat16, num_replicas: 2")]
+    config = load_config(JUDGE, overrides)
+    report = plan_report(config, ClusterShape.uniform(1, 8), device_memory_bytes=80 << 30)
+    assert report["feasible"], report.get("reason")
+    assert report["reward_model_parameters"]["judge"] == report["num_parameters"]  # a causal LM, as the policy
+    judged = [row for row in report["memory"] if "reward_models_bytes" in row]
+    assert [row["reward_models_bytes"] for row in judged] == [int(0.3 * (80 << 30))] * 2  # its engine's share
+    assert [device["roles"][-1] for device in report["devices"][:2]] == ["reward/judge:0", "reward/judge:1"]
+    # Without the device's size, the judge's weights alone.
+    rows = estimate_memory(make_plan(config, ClusterShape.uniform(1, 8)), config, report["num_parameters"],
+                           reward_model_parameters={"judge": report["num_parameters"]})
+    assert rows[0]["reward_models_bytes"] == report["num_parameters"] * 2

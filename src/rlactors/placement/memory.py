@@ -11,7 +11,9 @@ What is counted, per device, in bytes (activations are not: they depend on micro
   16 bytes per adapter parameter; its base is the reference policy, so no reference is counted;
 - rollout: the engine's weights in its dtype over its tensor-parallel ranks, and the KV-cache budget
   vLLM takes: `gpu_memory_utilization` x device memory minus those weights;
-- reward models (`reward.models`): each replica's weights in its dtype, on its device all run long.
+- reward models (`reward.models`): a classifier replica's weights in its dtype; a judge's engine takes
+  `judge.gpu_memory_utilization` x device memory (its weights and KV cache), or its weights when the
+  device size is not known; on their devices all run long.
 Colocated devices are checked phase by phase: while the engines generate the trainer's state stays
 on the device unless `trainer.offload`; while the trainer runs the engines sleep (their weights and
 KV cache freed), so the trainer's state alone must fit; reward models count in both phases.
@@ -64,7 +66,7 @@ def reward_model_parameter_counts(config) -> dict[str, int | None]:
     """Each reward model's parameters (`reward.models`, by name; None without a readable config.json)."""
     counts = {}
     for model in config.reward.models:
-        meta = _meta_model(model.path, classifier=True)
+        meta = _meta_model(model.path, classifier=model.kind == "classifier")
         counts[model.name] = None if meta is None else sum(parameter.numel() for parameter in meta.parameters())
     return counts
 
@@ -94,8 +96,12 @@ def estimate_memory(plan: ResourcePlan, config, num_parameters: int, device_memo
     `reward_model_parameters`: each reward model's, by name (`reward_model_parameter_counts`; a model
     missing or None there is not counted)."""
     counts = reward_model_parameters or {}
-    reward_model_bytes = {reward_model_role(model.name): (counts.get(model.name) or 0) * DTYPE_BYTES[model.dtype]
-                          for model in config.reward.models}
+    reward_model_bytes = {}
+    for model in config.reward.models:
+        weights = (counts.get(model.name) or 0) * DTYPE_BYTES[model.dtype]
+        if model.kind == "judge" and device_memory_bytes is not None:
+            weights = int(model.judge.gpu_memory_utilization * device_memory_bytes)
+        reward_model_bytes[reward_model_role(model.name)] = weights
     rollout, trainer = config.rollout, config.trainer
     dtype = config.model.dtype if config.model.dtype != "auto" else ("bfloat16" if plan.device_kind == "gpu"
                                                                      else "float32")

@@ -1,37 +1,37 @@
-"""The reward-model scorer actor: a sequence classifier (one logit per sequence) that adds its
-weighted score to the reward of each sample it is given (`reward.models`).
+"""The reward-model scorer actor: one replica of a reward model (`reward.models`), which adds the
+model's weighted part to the reward of each sample it is given: a sequence classifier's logit (kind
+classifier, the functions here), or an LLM judge's verdict through its engine (kind judge,
+`rlactors.reward.judge`).
 
 `rlactors.reward.pool.RewardPool` chains the scorers on each group, refs in and refs out: the function
 scorer first (which sets `score` to its weighted part, `rlactors.reward.scorer`), then each model's
-replicas in turn. A model scoring sample s adds `weight * logit` to `s.score` and records the logit
-in `s.score_details["reward_parts"][name]`, so the reward is the weighted sum of the parts and each part
-is logged on its own (`reward/<name>/mean`).
+replicas in turn. Which samples a model scores and how its part joins the reward (`weight * value`,
+kept in `score_details["reward_parts"][name]`): `rlactors.reward.parts`.
 
-A sample the model does not score keeps its score, with part 0.0: its data source is not one of the
-model's (`data_sources`), or it has a `score_error` already (a rollout, environment or function
-failure: it trains with score 0, as without models). A forward pass that raises is retried one
-sequence at a time, so the error lands on the samples that cause it: score 0, part 0.0 and
-`score_error = "prompt_id=... sample_index=...: reward model <name>: <exception>"`; the batch's
-other samples are scored. Scoring is a pure function of its input, so Ray may restart a killed
-replica and retry the call: each group is scored once.
+A classifier's forward pass that raises is retried one sequence at a time, so the error lands on the samples that
+cause it (each scores 0, the error in its `score_error`); the batch's other samples are scored.
+Scoring is a pure function of its input, so Ray may restart a killed replica and retry the call:
+each group is scored once (a judge's verdicts are too when it samples greedily, its default).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import Any
 
 import ray
 
 from rlactors.config.reward_model import RewardModelConfig
-from rlactors.reward.scorer import saved_counters, scored_samples
+from rlactors.reward.judge import judge_verdicts, verdict_parser
+from rlactors.reward.parts import COUNTERS as PART_COUNTERS
+from rlactors.reward.parts import Verdict, part_metrics, samples_to_score, with_parts
+from rlactors.reward.scorer import saved_counters
 from rlactors.runtime.calls import error_text
-from rlactors.types import Group, Sample
+from rlactors.types import Group
 
 __all__ = ["RewardModelScorer", "classifier_text", "score_sequences"]
 
-COUNTERS = ("num_groups", "num_samples", "num_scored", "num_errors", "num_truncated")
+COUNTERS = (*PART_COUNTERS, "num_truncated")
 
 
 def classifier_text(prompt: str, response: str, input_format: str, tokenizer) -> str:
@@ -99,20 +99,27 @@ def load_classifier(config: RewardModelConfig):
 
 @ray.remote(max_restarts=2, max_task_retries=2)  # a pure function of its input: retries are safe
 class RewardModelScorer:
-    """One replica of a reward model. Checkpoint (`state_dict`): its cumulative counters only; the
-    model is loaded again from `config.path`. A restarted replica's counters start from zero."""
+    """One replica of a reward model: a classifier it holds, or a judge `engine` (a RolloutEngine)
+    it sends messages to. Checkpoint (`state_dict`): its cumulative counters only; the model is
+    loaded again from `config.path`. A restarted replica's counters start from zero."""
 
-    def __init__(self, config: RewardModelConfig, policy_tokenizer_path: str) -> None:
+    def __init__(self, config: RewardModelConfig, policy_tokenizer_path: str, engine=None) -> None:
         from rlactors.models import load_tokenizer
 
-        self.config = config
-        self.model, self.tokenizer = load_classifier(config)
+        self.config, self.engine = config, engine
+        if config.kind == "classifier":
+            self.model, self.tokenizer = load_classifier(config)
+        else:
+            self.tokenizer, self.parse = load_tokenizer(config.path), verdict_parser(config.judge.verdict)
         # Prompts travel as the policy's token ids: its tokenizer gives back the text the policy saw.
         self.policy_tokenizer = load_tokenizer(policy_tokenizer_path)
         self.counts = dict.fromkeys(COUNTERS, 0)
         self.scoring_s = 0.0
 
     def ready(self) -> bool:
+        """True once the model can score: a judge's engine has started (within judge.start_timeout_s)."""
+        if self.engine is not None:
+            ray.get(self.engine.ready.remote(), timeout=self.config.judge.start_timeout_s)
         return True
 
     def score(self, group: Group) -> Group:
@@ -123,9 +130,7 @@ class RewardModelScorer:
         return self._score_groups(list(groups))
 
     def metrics(self) -> dict[str, float]:
-        prefix = f"reward/{self.config.name}"
-        return {f"{prefix}/{name}": float(value) for name, value in self.counts.items()} | {
-            f"{prefix}/scoring_s": self.scoring_s}
+        return part_metrics(self.config.name, self.counts, self.scoring_s)
 
     def state_dict(self) -> dict[str, Any]:
         return {"counts": dict(self.counts), "scoring_s": self.scoring_s}
@@ -138,41 +143,16 @@ class RewardModelScorer:
     def _score_groups(self, groups: list[Group]) -> list[Group]:
         start = time.perf_counter()
         config = self.config
-        texts, where = [], []
-        for g, group in enumerate(groups):
-            if config.data_sources is not None and group.request.data_source not in config.data_sources:
-                continue
-            prompt = self.policy_tokenizer.decode(group.request.prompt_token_ids)
-            for i, sample in enumerate(scored_samples(group)):
-                if sample.score_error is None:
-                    texts.append(classifier_text(prompt, sample.text, config.input_format, self.tokenizer))
-                    where.append((g, i))
-        results, num_truncated = score_sequences(self.model, self.tokenizer, texts, config.batch_size, config.max_tokens)
-        found = dict(zip(where, results, strict=True))
-        scored = []
-        for g, group in enumerate(groups):
-            samples = [self._add_part(s, found.get((g, i))) for i, s in enumerate(scored_samples(group))]
-            baseline = samples.pop() if group.baseline is not None else None
-            scored.append(replace(group, samples=samples, baseline=baseline))
-        self.counts["num_groups"] += len(groups)
-        self.counts["num_truncated"] += num_truncated
+        items = samples_to_score(groups, config, self.policy_tokenizer.decode)
+        if config.kind == "judge":
+            verdicts = judge_verdicts(self.engine, self.tokenizer, self.parse, items, config.judge)
+        else:
+            texts = [classifier_text(prompt, sample.text, config.input_format, self.tokenizer)
+                     for _, prompt, _, sample in items]
+            results, num_truncated = score_sequences(self.model, self.tokenizer, texts, config.batch_size,
+                                                     config.max_tokens)
+            verdicts = {where: Verdict(value, error) for (where, *_), (value, error) in zip(items, results, strict=True)}
+            self.counts["num_truncated"] += num_truncated
+        scored = with_parts(groups, config, verdicts, self.counts)
         self.scoring_s += time.perf_counter() - start
         return scored
-
-    def _add_part(self, sample: Sample, result: tuple[float | None, str | None] | None) -> Sample:
-        """The sample with this model's part added; `result` is None where the model did not score it."""
-        name, value = self.config.name, 0.0
-        self.counts["num_samples"] += 1
-        score, error = (sample.score or 0.0), sample.score_error
-        if result is not None:
-            logit, failure = result
-            if failure is None:
-                value, score = logit, score + self.config.weight * logit
-                self.counts["num_scored"] += 1
-            else:  # as a failing function: the sample trains with score 0, the error kept
-                self.counts["num_errors"] += 1
-                score = 0.0
-                error = f"prompt_id={sample.prompt_id} sample_index={sample.sample_index}: reward model {name}: {failure}"
-        parts = dict(sample.score_details.get("reward_parts", {})) | {name: value}
-        return replace(sample, score=score, score_error=error, score_details=sample.score_details | {"reward_parts": parts})
-

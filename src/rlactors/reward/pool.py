@@ -23,14 +23,14 @@ from typing import Any
 
 import ray
 
-from rlactors.config import ConfigError, RewardConfig, RewardModelConfig
+from rlactors.config import ConfigError, RewardConfig, RewardModelConfig, RolloutConfig
 from rlactors.models.folders import is_model_folder
 from rlactors.placement.cluster import unplaced_options
 from rlactors.reward.failures import FailureStreak
-from rlactors.reward.model_scorer import COUNTERS as MODEL_COUNTERS
 from rlactors.reward.model_scorer import RewardModelScorer
 from rlactors.reward.scorer import COUNTERS, RewardScorer, resolve_function_spec
 from rlactors.reward.worker import kill_process_group, noted_worker
+from rlactors.rollout.engine import create_engine
 from rlactors.runtime.calls import error_text, gather, get_within
 from rlactors.runtime.transport import results_in_object_store
 from rlactors.types import Group
@@ -96,17 +96,13 @@ class RewardPool:
             )
             for _ in range(config.num_workers)
         ]
-        # Each model's replicas: one stage after the function scorers (`self.actors`).
+        # Each model's replicas: one stage after the function scorers (`self.actors`); a judge's
+        # replica is a scorer over an engine of its own.
         self.model_names = [model.name for model in config.models]
-        def options(model: RewardModelConfig, replica: int) -> dict:
-            return (placement.reward_model_options(model.name, replica) if placement is not None
-                    else unplaced_options(model.num_cpus_per_replica, 1))
-
-        self.model_actors = [
-            [RewardModelScorer.options(**results_in_object_store(options(model, replica))).remote(
-                model, policy_tokenizer_path) for replica in range(model.num_replicas)]
-            for model in models
-        ]
+        started = [[start_model_replica(model, replica, policy_tokenizer_path, placement)
+                    for replica in range(model.num_replicas)] for model in models]
+        self.model_actors = [[scorer for scorer, _ in replicas] for replicas in started]
+        self.model_engines = [engine for replicas in started for _, engine in replicas if engine is not None]
         self.in_flight: list[list[tuple[ray.ObjectRef, int]]] = [[] for _ in self.actors]
         self.model_in_flight = [[[] for _ in replicas] for replicas in self.model_actors]
         self.failures = FailureStreak(config.max_failed_steps)
@@ -116,9 +112,9 @@ class RewardPool:
             self.worker_notes: list[tuple[str, str | None]] = get_within(
                 [actor.worker_note.remote() for actor in self.actors], STARTUP_TIMEOUT_S, "reward scorer startup"
             )
-            for name, replicas in zip(self.model_names, self.model_actors, strict=True):
-                get_within([replica.ready.remote() for replica in replicas], STARTUP_TIMEOUT_S,
-                           f"reward model {name!r} startup")
+            for model, replicas in zip(models, self.model_actors, strict=True):
+                get_within([replica.ready.remote() for replica in replicas], startup_timeout_s(model),
+                           f"reward model {model.name!r} startup")
         except BaseException:
             for actor in self._all_actors():  # nobody else holds them yet: a failed pool leaves no scorer behind
                 ray.kill(actor)
@@ -170,7 +166,7 @@ class RewardPool:
             replica_states = get_within([replica.state_dict.remote() for replica in replicas], STATE_TIMEOUT_S,
                                         f"reward model {name!r} state_dict")
             models[name] = {"counts": {key: sum(state["counts"][key] for state in replica_states)
-                                       for key in MODEL_COUNTERS},
+                                       for key in replica_states[0]["counts"]},
                             "scoring_s": sum(state["scoring_s"] for state in replica_states)}
         return {"counts": counts, "scoring_s": sum(state["scoring_s"] for state in states), "models": models}
 
@@ -181,7 +177,7 @@ class RewardPool:
                    STATE_TIMEOUT_S, "reward scorers' load_state_dict")
         # A model the checkpoint does not know (added on resume) starts from zero; one it knows and this
         # run has not is left out of the checkpoints from now on.
-        empty_model = {"counts": dict.fromkeys(MODEL_COUNTERS, 0), "scoring_s": 0.0}
+        empty_model = {"counts": {}, "scoring_s": 0.0}  # each counter from zero
         for name, replicas in zip(self.model_names, self.model_actors, strict=True):
             saved = state.get("models", {}).get(name, empty_model)
             get_within([replica.load_state_dict.remote(saved if i == 0 else empty_model)
@@ -204,9 +200,9 @@ class RewardPool:
             ray.kill(actor)  # closed or not
             if index not in closed and pids[index] is not None and _is_worker_group(pids[index]):
                 kill_process_group(pids[index])
-        for replicas in self.model_actors:  # no process of their own: killing the actor frees the model
-            for replica in replicas:
-                ray.kill(replica)
+        for replica in [*self._all_actors()[len(self.actors):], *self.model_engines]:
+            ray.kill(replica)  # a classifier holds no process of its own; an engine's vLLM dies with it
+        self.model_engines = []
         self.actors, self.in_flight, self.worker_notes = [], [], []
         self.model_actors, self.model_in_flight = [[] for _ in self.model_names], [[] for _ in self.model_names]
         if errors or not_closed:
@@ -221,7 +217,30 @@ class RewardPool:
         return [noted_worker(note) if node == node_id else None for node, note in self.worker_notes]
 
     def _all_actors(self) -> list:
+        """The function scorers, then every reward model's replicas (not the judges' engines)."""
         return self.actors + [replica for replicas in self.model_actors for replica in replicas]
+
+
+def start_model_replica(model: RewardModelConfig, replica: int, policy_tokenizer_path: str, placement=None):
+    """(scorer actor, its judge engine or None) of replica `replica` of `model`, on the plan's slot
+    (`placement`), else on a whole GPU where the cluster has GPUs."""
+    options = (placement.reward_model_options(model.name, replica) if placement is not None
+               else unplaced_options(model.num_cpus_per_replica, 1))
+    if model.kind == "classifier":
+        return RewardModelScorer.options(**results_in_object_store(options)).remote(model, policy_tokenizer_path), None
+    judge = model.judge
+    engine_config = RolloutConfig(max_model_len=judge.max_model_len, gpu_memory_utilization=judge.gpu_memory_utilization,
+                                  enforce_eager=judge.enforce_eager, start_timeout_s=judge.start_timeout_s,
+                                  num_cpus_per_engine=model.num_cpus_per_replica or 1.0)
+    engine = create_engine(model.path, engine_config, dtype=model.dtype, max_restarts=1, placement_options=options)
+    scorer = RewardModelScorer.options(**results_in_object_store({"num_cpus": 0})).remote(model, policy_tokenizer_path,
+                                                                                         engine)
+    return scorer, engine
+
+
+def startup_timeout_s(model: RewardModelConfig) -> float:
+    """How long a replica of `model` may take to start: a judge's engine loads its model first."""
+    return STARTUP_TIMEOUT_S if model.kind == "classifier" else model.judge.start_timeout_s + STARTUP_TIMEOUT_S
 
 
 def _located(index: int, model: RewardModelConfig) -> RewardModelConfig:
