@@ -36,8 +36,9 @@ PER_EXAMPLE = {
     "math_cispo_qwen2.5_math_7b.yaml": ["data.task=math"],
     "math_grpo_qwen3_30b_a3b_async.yaml": ["data.task=math"],
     "gsm8k_grpo_qwen3_8b_lora.yaml": ["data.task=gsm8k"],
-    "chat_grpo_qwen3_8b_reward_model.yaml": ["data.task=gsm8k"],
-    "chat_grpo_qwen3_8b_judge.yaml": ["data.task=gsm8k"],
+    # ({model} is the tiny model's folder: the run checks find a model where each example names one.)
+    "chat_grpo_qwen3_8b_reward_model.yaml": ["data.task=gsm8k", "reward.models=[{{name: helpfulness, path: {model}}}]"],
+    "chat_grpo_qwen3_8b_judge.yaml": ["data.task=gsm8k", "reward.models=[{{name: judge, kind: judge, path: {model}}}]"],
 }
 
 
@@ -81,7 +82,7 @@ def test_every_example_loads_passes_the_run_checks_and_its_algorithm_trains(tmp_
     from rlactors.pipelines import preflight
     from rlactors.trainer.policy_objective import policy_loss
 
-    config = load_config(EXAMPLES / name, TINY + PER_EXAMPLE[name] + [
+    config = load_config(EXAMPLES / name, TINY + [o.format(model=tiny_model_dir) for o in PER_EXAMPLE[name]] + [
         f"model.path={tiny_model_dir}", f"pipeline.output_dir={tmp_path}"])
     preflight.check_config(config, tmp_path)
     preflight.check_model(config, tiny_model_dir)
@@ -101,7 +102,7 @@ def test_every_example_loads_passes_the_run_checks_and_its_algorithm_trains(tmp_
 @pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.extended if name in EXTENDED else pytest.mark.slow])
                                   for name in sorted(set(PER_EXAMPLE) - set(RUN_ELSEWHERE) - CHECKED_WITHOUT_A_RUN)])
 def test_example_runs_two_steps(warm_actors, tmp_path, tiny_model_dir, name):
-    config = load_config(EXAMPLES / name, TINY + PER_EXAMPLE[name] + [
+    config = load_config(EXAMPLES / name, TINY + [o.format(model=tiny_model_dir) for o in PER_EXAMPLE[name]] + [
         f"model.path={tiny_model_dir}", f"pipeline.output_dir={tmp_path}"])
     history = run_pipeline(config, warm=warm_actors)
     assert [h["step"] for h in history] == [0, 1, 2]

@@ -50,6 +50,19 @@ def test_a_user_verdict_must_return_a_finite_number(tmp_path):
         verdict_parser(f"{path}:nothing_here")
 
 
+def test_a_judge_whose_verdict_does_not_load_is_refused_before_the_run(tmp_path, tiny_model_dir):
+    from rlactors.config import ConfigError
+    from rlactors.pipelines.preflight import check_reward_models
+
+    path = tmp_path / "verdicts.py"
+    path.write_text(USER_VERDICTS)
+    good = judge_config(tiny_model_dir, f"{path}:length")
+    check_reward_models([good])
+    with pytest.raises(ConfigError, match=r"reward.models\[1\].judge.verdict=.*nothing_here.* \('judge'\) does not load"):
+        check_reward_models([good, good.model_copy(update={"judge": good.judge.model_copy(
+            update={"verdict": f"{path}:nothing_here"})})])
+
+
 # --------------------------------------------------------------------------------------------
 # On the suite's engine
 

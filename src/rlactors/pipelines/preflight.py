@@ -52,6 +52,7 @@ def check_config(config: Config, output_dir: str | Path) -> None:
     check_sampling(config)
     check_batches(config)
     check_reward_function(config.reward.custom_function)
+    check_reward_models(config.reward.models)
     check_resume(config.pipeline.resume, output_dir)
     check_trackers(config.pipeline.loggers)
 
@@ -128,6 +129,14 @@ def check_reward_function(spec: str | None) -> None:
             f"reward.custom_function={spec!r}: {function.__name__}{signature} cannot be called as "
             f"compute_score(data_source, solution_str, ground_truth, extra_info): {error}"
         ) from None
+
+
+def check_reward_models(models: list) -> None:
+    """Each of `reward.models` holds a model folder, and a judge's verdict function loads."""
+    from rlactors.reward.model_scorer import located
+
+    for index, model in enumerate(models):
+        located(index, model)
 
 
 def check_resume(resume: str, output_dir: str | Path) -> None:

@@ -17,11 +17,14 @@ each group is scored once (a judge's verdicts are too when it samples greedily, 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import ray
 
 from rlactors.config.reward_model import RewardModelConfig
+from rlactors.config.section import ConfigError
+from rlactors.models.folders import is_model_folder
 from rlactors.reward.judge import judge_verdicts, verdict_parser
 from rlactors.reward.parts import COUNTERS as PART_COUNTERS
 from rlactors.reward.parts import Verdict, part_metrics, samples_to_score, with_parts
@@ -29,7 +32,7 @@ from rlactors.reward.scorer import saved_counters
 from rlactors.runtime.calls import error_text
 from rlactors.types import Group
 
-__all__ = ["RewardModelScorer", "classifier_text", "score_sequences"]
+__all__ = ["RewardModelScorer", "classifier_text", "located", "score_sequences"]
 
 COUNTERS = (*PART_COUNTERS, "num_truncated")
 
@@ -76,6 +79,23 @@ def score_sequences(model, tokenizer, texts: list[str], batch_size: int,
                 except Exception as error:  # noqa: BLE001 - recorded on the sample
                     results.append((None, error_text(error, max_chars=500)))
     return results, num_truncated
+
+
+def located(index: int, model: RewardModelConfig) -> RewardModelConfig:
+    """The model's settings with its folder's absolute path (replicas may run in another working
+    directory). A path that holds no model, or a judge's verdict function that does not load, is an
+    error naming the field: checked before any actor starts (`rlactors.pipelines.preflight`, the pool)."""
+    path = Path(model.path).expanduser().resolve()
+    if not is_model_folder(path):
+        raise ConfigError(f"reward.models[{index}].path: {model.path} ({model.name!r}) holds no Hugging Face model "
+                          "folder (config.json and *.safetensors or *.bin)")
+    if model.kind == "judge":
+        try:
+            verdict_parser(model.judge.verdict)
+        except Exception as error:  # user code: an import can raise anything
+            raise ConfigError(f"reward.models[{index}].judge.verdict={model.judge.verdict!r} ({model.name!r}) does "
+                              f"not load: {error_text(error, first_line=True)}") from None
+    return model.model_copy(update={"path": str(path)})
 
 
 def load_classifier(config: RewardModelConfig):

@@ -23,11 +23,10 @@ from typing import Any
 
 import ray
 
-from rlactors.config import ConfigError, RewardConfig, RewardModelConfig, RolloutConfig
-from rlactors.models.folders import is_model_folder
+from rlactors.config import RewardConfig, RewardModelConfig, RolloutConfig
 from rlactors.placement.cluster import unplaced_options
 from rlactors.reward.failures import FailureStreak
-from rlactors.reward.model_scorer import RewardModelScorer
+from rlactors.reward.model_scorer import RewardModelScorer, located
 from rlactors.reward.scorer import COUNTERS, RewardScorer, resolve_function_spec
 from rlactors.reward.worker import kill_process_group, noted_worker
 from rlactors.rollout.engine import create_engine
@@ -80,7 +79,7 @@ class RewardPool:
             overlong_buffer_tokens = config.overlong.buffer_tokens
         if config.models and policy_tokenizer_path is None:
             raise ValueError("reward.models: the pool needs the policy's tokenizer path to give the models its prompts")
-        models = [_located(index, model) for index, model in enumerate(config.models)]
+        models = [located(index, model) for index, model in enumerate(config.models)]
         self.max_groups_per_call = config.max_groups_per_call
         custom_function = resolve_function_spec(config.custom_function)
         self.actors = [
@@ -116,8 +115,8 @@ class RewardPool:
                 get_within([replica.ready.remote() for replica in replicas], startup_timeout_s(model),
                            f"reward model {model.name!r} startup")
         except BaseException:
-            for actor in self._all_actors():  # nobody else holds them yet: a failed pool leaves no scorer behind
-                ray.kill(actor)
+            for actor in [*self._all_actors(), *self.model_engines]:  # nobody else holds them yet: a failed
+                ray.kill(actor)                                       # pool leaves no scorer or engine behind
             raise
 
     def score(self, group: Group | ray.ObjectRef) -> ray.ObjectRef:
@@ -241,16 +240,6 @@ def start_model_replica(model: RewardModelConfig, replica: int, policy_tokenizer
 def startup_timeout_s(model: RewardModelConfig) -> float:
     """How long a replica of `model` may take to start: a judge's engine loads its model first."""
     return STARTUP_TIMEOUT_S if model.kind == "classifier" else model.judge.start_timeout_s + STARTUP_TIMEOUT_S
-
-
-def _located(index: int, model: RewardModelConfig) -> RewardModelConfig:
-    """The model's settings with its folder's absolute path (replicas may run in another working
-    directory); a path that holds no model is an error naming the field, before any replica starts."""
-    path = Path(model.path).expanduser().resolve()
-    if not is_model_folder(path):
-        raise ConfigError(f"reward.models[{index}].path: {model.path} ({model.name!r}) holds no Hugging Face model "
-                          "folder (config.json and *.safetensors or *.bin)")
-    return model.model_copy(update={"path": str(path)})
 
 
 def _least_loaded(in_flight: list[list[tuple[ray.ObjectRef, int]]]) -> int:
