@@ -38,6 +38,27 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: (-file_s[item.nodeid.split("::", 1)[0]], first_index[item.nodeid.split("::", 1)[0]]))
 
 
+# Files whose tests use the session's `shared_engine` (a vLLM start, ~40 s): one xdist work unit, so
+# one worker runs them back to back (in the order above) and the engine starts once for all of them;
+# a worker that took them one by one between other files would start it again for each.
+SHARED_ENGINE_FILES = ("tests/reward/test_judge.py", "tests/rollout/test_engine.py", "tests/rollout/test_episode.py")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """With `--dist loadfile` (the Makefile's): xdist's file scheduling, the SHARED_ENGINE_FILES as one unit."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class FilesSharingAnEngine(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return "shared_engine" if path in SHARED_ENGINE_FILES else path
+
+    return FilesSharingAnEngine(config, log)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A `tiny` Qwen2 model folder built once per test session (seed 0)."""

@@ -1,6 +1,6 @@
 """The LLM judge. Ray-free: the message (placeholders filled in one pass), the built-in verdicts and
-a user's, an output without a verdict kept in its error. On the suite's vLLM engine (the tiny model
-as judge): what the judge answers is what the engine writes for that message, parts and outputs kept
+a user's, an output without a verdict kept in its error. On the suite's vLLM engine (`engine` in
+tests/conftest.py; the tiny model as judge): what the judge answers is what the engine writes for that message, parts and outputs kept
 per sample, an output without a verdict scores 0 with the output in its error, and a judge past its
 time limit fails only its samples."""
 
@@ -86,7 +86,7 @@ def judge_config(tiny_model_dir, verdict: str, **judge) -> RewardModelConfig:
 
 
 @pytest.mark.vllm
-def test_the_judge_scores_with_what_the_engine_writes_for_each_message(shared_engine, tiny_model_dir, tmp_path):
+def test_the_judge_scores_with_what_the_engine_writes_for_each_message(engine, tiny_model_dir, tmp_path):
     import ray
 
     from rlactors.models import load_tokenizer
@@ -94,7 +94,7 @@ def test_the_judge_scores_with_what_the_engine_writes_for_each_message(shared_en
 
     path = tmp_path / "verdicts.py"
     path.write_text(USER_VERDICTS)
-    engine, tokenizer = shared_engine.get(), load_tokenizer(tiny_model_dir)
+    tokenizer = load_tokenizer(tiny_model_dir)  # `engine`: the suite's, holding this module's weights
     judge = RewardModelScorer.remote(judge_config(tiny_model_dir, f"{path}:length"), str(tiny_model_dir), engine)
     first, other = ray.get(judge.score_groups.options(num_returns=2).remote(*groups_to_judge(tokenizer)), timeout=300)
 
