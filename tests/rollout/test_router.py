@@ -224,7 +224,6 @@ def test_no_live_engine_is_an_error_naming_each_replica(ray_session, tiny_model_
 
 
 def test_a_vllm_start_error_is_raised_by_ready_with_vllm_s_message(ray_session, tiny_model_dir):
-
     from rlactors.rollout.router import EngineStartError, RolloutRouter
 
     router = RolloutRouter.create(str(tiny_model_dir), RolloutConfig(max_model_len=4096, num_cpus_per_engine=0.1))
