@@ -84,7 +84,7 @@ MISSING_TENSOR_ERROR = "Following weights were not initialized from checkpoint: 
 # ------------------------------------------------------------------ start-up failures (the suite's Ray)
 
 
-@pytest.mark.extended  # the same failure, end to end through build_run, is in make test
+@pytest.mark.extended  # the same failure, end to end through build_run, is in the slow tier (below)
 def test_a_start_failure_in_vllms_worker_carries_vllms_own_message(ray_session, tmp_path, tiny_model_dir):
     from rlactors.rollout.engine import create_engine
 
@@ -109,6 +109,7 @@ def test_a_start_failure_in_vllms_worker_carries_vllms_own_message(ray_session, 
     assert_no_leftovers(before)
 
 
+@pytest.mark.slow  # make test: the same refusal through the router, tests/rollout/test_router.py
 def test_a_config_vllm_refuses_in_the_front_end_carries_vllms_own_message(ray_session, tiny_model_dir):
     from rlactors.rollout.engine import create_engine
 
@@ -123,6 +124,7 @@ def test_a_config_vllm_refuses_in_the_front_end_carries_vllms_own_message(ray_se
         ray.kill(engine)
 
 
+@pytest.mark.slow  # make test: a vLLM start error raised by the router's ready(), tests/rollout/test_router.py
 def test_a_run_whose_engine_cannot_start_fails_before_training_with_vllms_message(ray_session, tmp_path,
                                                                                   tiny_model_dir):
     from rlactors.pipelines import run_pipeline
