@@ -101,9 +101,11 @@ def located(index: int, model: RewardModelConfig) -> RewardModelConfig:
 def load_classifier(config: RewardModelConfig):
     """(model in eval mode on the accelerator Ray gave this process, else on CPU; its tokenizer)."""
     import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoModelForSequenceClassification
 
-    tokenizer = AutoTokenizer.from_pretrained(config.path)
+    from rlactors.models import load_tokenizer
+
+    tokenizer = load_tokenizer(config.path)
     model = AutoModelForSequenceClassification.from_pretrained(config.path, dtype=getattr(torch, config.dtype),
                                                                local_files_only=True)
     if model.config.num_labels != 1:

@@ -199,7 +199,7 @@ class RewardPool:
             ray.kill(actor)  # closed or not
             if index not in closed and pids[index] is not None and _is_worker_group(pids[index]):
                 kill_process_group(pids[index])
-        for replica in [*self._all_actors()[len(self.actors):], *self.model_engines]:
+        for replica in [*(replica for replicas in self.model_actors for replica in replicas), *self.model_engines]:
             ray.kill(replica)  # a classifier holds no process of its own; an engine's vLLM dies with it
         self.model_engines = []
         self.actors, self.in_flight, self.worker_notes = [], [], []
