@@ -133,3 +133,26 @@ def test_any_split_sums_to_the_full_batch_loss(lengths, cut_points, mode):
     split_loss, split_grad = _split_loss_and_grad(features, mask, mode, bounds, norm_tokens=6)
     assert torch.allclose(full_loss, split_loss, rtol=1e-10, atol=1e-12)
     assert torch.allclose(full_grad, split_grad, rtol=1e-10, atol=1e-12)
+
+
+def test_bradley_terry_loss_by_hand_and_split_into_pairs_of_micro_batches():
+    """-log sigmoid(chosen - rejected), averaged over the pairs of the whole mini-batch: two calls on
+    halves, each given the global pair count, sum to one call on all pairs, gradients included."""
+    from rlactors.algorithms import bradley_terry_loss
+
+    chosen = torch.tensor([2.0, 0.0, -1.0, 0.5], requires_grad=True)
+    rejected = torch.tensor([1.0, 0.0, 1.0, -0.5], requires_grad=True)
+    loss, metrics = bradley_terry_loss(chosen, rejected)
+    expected = sum(math.log1p(math.exp(-m)) for m in (1.0, 0.0, -2.0, 1.0)) / 4
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    assert float(metrics["preference_accuracy"]) == 2 and float(metrics["score_margin"]) == pytest.approx(0.0)
+    loss.backward()
+    whole = chosen.grad.clone()
+    assert (whole < 0).all() and torch.equal(rejected.grad, -whole)  # raising chosen, lowering rejected, lowers it
+    chosen.grad = None
+    halves = sum(bradley_terry_loss(chosen[i:i + 2], rejected[i:i + 2], global_num_pairs=4)[0] for i in (0, 2))
+    assert halves.item() == pytest.approx(expected, rel=1e-6)
+    halves.backward()
+    torch.testing.assert_close(chosen.grad, whole)
+    with pytest.raises(ValueError, match="1-D and alike"):
+        bradley_terry_loss(torch.zeros(3), torch.zeros(2))

@@ -42,6 +42,7 @@ deliberate deviation is stated in the function's docstring.
     FIXED_LOSS_AGG_MODES            losses whose aggregation ignores loss_agg_mode in veRL
     value_loss                      core_algos.compute_value_loss (returns per-token loss)
     sft_loss                        sft trainer's masked NLL, token-mean
+    bradley_terry_loss              reward model trainer's pairwise loss (-log sigmoid(chosen - rejected))
     kl_penalty                      core_algos.kl_penalty (incl. straight-through "k1+", "k3+")
     apply_kl_in_reward              ray_trainer.apply_kl_penalty
     AdaptiveKLController /          core_algos.AdaptiveKLController / FixedKLController
@@ -87,6 +88,7 @@ from rlactors.algorithms.logits import chunked_entropy_from_logits, entropy_from
 from rlactors.algorithms.losses import (
     LOSS_AGG_MODES,
     aggregate_loss,
+    bradley_terry_loss,
     num_nonempty_sequences,
     sft_loss,
     value_loss,
@@ -130,6 +132,7 @@ __all__ = [
     "FixedKLController",
     "adaptive_kl_coef",
     "aggregate_loss",
+    "bradley_terry_loss",
     "apply_kl_in_reward",
     "chunked_entropy_from_logits",
     "cispo_policy_loss",

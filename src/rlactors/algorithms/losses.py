@@ -1,4 +1,4 @@
-"""Loss aggregation into a scalar, and the value and SFT losses.
+"""Loss aggregation into a scalar, and the value, SFT and Bradley-Terry (reward model) losses.
 
 Loss functions (these, and every policy loss in `policy_losses`) return a [batch, response_len]
 per-token loss matrix plus detached metrics; one function, `aggregate_loss`, turns any such matrix
@@ -119,3 +119,25 @@ def sft_loss(
     global token count as for `aggregate_loss`.
     """
     return aggregate_loss(-logp, mask, "token-mean", global_num_tokens=global_num_tokens)
+
+
+def bradley_terry_loss(
+    chosen_scores: torch.Tensor, rejected_scores: torch.Tensor, global_num_pairs: int | float | torch.Tensor | None = None
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """A reward model's preference loss: `-sum(log sigmoid(chosen - rejected)) / global_num_pairs`.
+
+    `chosen_scores[i]` and `rejected_scores[i]` are the model's scores of the two responses of pair
+    i. Split batches pass the pair count of the whole mini-batch (default: this call's), so the
+    shares of all micro-batches sum to the mini-batch's loss, as `aggregate_loss`'s do. Metrics,
+    detached sums over this call's pairs: `preference_accuracy` (pairs scored the right way round)
+    and `score_margin` (chosen minus rejected).
+    """
+    if chosen_scores.shape != rejected_scores.shape or chosen_scores.dim() != 1:
+        raise ValueError(f"chosen and rejected scores must be 1-D and alike, got {tuple(chosen_scores.shape)} "
+                         f"and {tuple(rejected_scores.shape)}")
+    margin = chosen_scores.float() - rejected_scores.float()
+    count = _count(global_num_pairs, torch.tensor(float(margin.numel()), device=margin.device), margin)
+    loss = -torch.nn.functional.logsigmoid(margin).sum() / count
+    with torch.no_grad():
+        metrics = {"preference_accuracy": (margin > 0).float().sum(), "score_margin": margin.sum()}
+    return loss, metrics
