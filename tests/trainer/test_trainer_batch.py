@@ -151,3 +151,35 @@ def test_plan_covers_every_sequence_once_within_budget(lengths, num_mini_batches
 def test_plan_rejects_more_mini_batches_than_sequences():
     with pytest.raises(ValueError, match="3 sequences cannot make 4 mini-batches"):
         plan_mini_batches([5, 5, 5], [2, 2, 2], 4, 1, 100)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 40), min_size=2, max_size=40).filter(lambda x: len(x) % 2 == 0),
+    num_mini_batches=st.integers(1, 3),
+    num_ranks=st.integers(1, 3),
+    max_tokens=st.integers(1, 200),
+)
+def test_a_preference_plan_keeps_each_pair_whole_and_in_order(lengths, num_mini_batches, num_ranks, max_tokens):
+    """Every pair (2p chosen, 2p+1 rejected) once, both halves adjacent in one micro-batch, chosen
+    first; micro-batches within budget; equal counts on every rank; counts are pairs."""
+    from rlactors.trainer.plan import plan_preference_pairs
+
+    num_pairs = len(lengths) // 2
+    if num_pairs < num_mini_batches:
+        return
+    seen = []
+    for plan in plan_preference_pairs(lengths, num_mini_batches, num_ranks, max_tokens):
+        assert len({len(rank) for rank in plan.micro_batches}) == 1
+        indices = [i for rank in plan.micro_batches for micro in rank for i in micro]
+        assert plan.num_tokens == plan.num_sequences == len(indices) // 2
+        for rank in plan.micro_batches:
+            for micro in rank:
+                assert [i % 2 for i in micro] == [0, 1] * (len(micro) // 2)
+                assert all(micro[k + 1] == micro[k] + 1 for k in range(0, len(micro), 2))
+                if len(micro) > 2:
+                    assert len(micro) * max(lengths[i] for i in micro) <= max_tokens
+        seen += indices
+    assert sorted(seen) == list(range(len(lengths)))
+    with pytest.raises(ValueError, match="even number of sequences, got 3"):
+        plan_preference_pairs([1, 2, 3], 1, 1, 10)

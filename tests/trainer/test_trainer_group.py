@@ -209,6 +209,42 @@ def test_forward_after_updates_uses_the_current_weights(groups, tiny_model_dir, 
         torch.testing.assert_close(logprobs[i], expected, rtol=1e-5, atol=1e-5)
 
 
+def test_reward_model_update_is_independent_of_ranks_and_micro_batches(groups, tiny_model_dir):
+    """A Bradley-Terry step on preference pairs (sequences 2p chosen, 2p+1 rejected): its loss is
+    that of a transformers classifier of the same start (pooled at each sequence's last token), and
+    loss, accuracy and weights are the same on two ranks and with one pair per micro-batch, so
+    every pair stays whole in one micro-batch and the loss is normalised by the step's pairs."""
+    from rlactors.trainer.fsdp import load_role_model
+
+    batch = random_batch(12, seed=6)
+    model = load_role_model(str(tiny_model_dir), "reward_model", seed=0)  # the ranks' start, head included
+    with torch.no_grad():
+        scores = torch.stack([model(torch.tensor([p + r])).logits[0, 0] for p, r in
+                              zip(batch.prompt_token_ids, batch.response_token_ids, strict=True)])
+    margins = scores[0::2] - scores[1::2]
+    optim = OptimConfig(lr=2e-3, eps=1e-5, grad_clip=0.5)
+    results = []
+    for config in (trainer_config(num_workers=2, optim=optim), trainer_config(optim=optim),
+                   trainer_config(max_tokens_per_micro_batch=16, optim=optim)):  # one pair per micro-batch
+        group = groups.get("reward_model", config)
+        results.append((group.update_reward_model(batch), weights(group)))
+    reference, reference_weights = results[0]
+    assert reference["reward_model/bt_loss"] == pytest.approx(float(-torch.nn.functional.logsigmoid(margins).mean()),
+                                                              rel=1e-5)
+    assert reference["reward_model/preference_accuracy"] == pytest.approx(float((margins > 0).float().mean()))
+    assert reference["reward_model/num_optimizer_steps"] == 1
+    assert "score.weight" in reference_weights and max_difference(reference_weights, weights_of(model)) > 1e-4
+    for metrics, other_weights in results[1:]:
+        assert metrics.keys() == reference.keys()
+        for key, value in reference.items():
+            assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+        assert max_difference(other_weights, reference_weights) < 2e-6
+
+
+def weights_of(model) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach() for name, tensor in model.state_dict().items()}
+
+
 def test_start_run_makes_a_used_group_what_a_new_one_is(ray_session, tiny_model_dir):
     """A group kept for the next run (`rlactors.pipelines.warm`): after two updates, `start_run`
     brings back the model folder's weights, a fresh optimizer (Adam's first step differs from its

@@ -8,6 +8,7 @@ name) with bf16 compute and fp32 master weights and gradient reduction; CPU uses
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import socket
@@ -25,7 +26,7 @@ from rlactors.models import lora
 from rlactors.models.moe import checkpoint_layout
 from rlactors.trainer.batch import MicroBatch
 
-ROLES = ("actor", "reference", "critic")
+ROLES = ("actor", "reference", "critic", "reward_model")
 
 
 def detect_device() -> tuple[str, str]:
@@ -65,9 +66,17 @@ def load_role_model(path: str, role: str, seed: int) -> torch.nn.Module:
 
     actor and reference: the causal LM of the folder. critic: the same backbone with a one-output
     token-classification head (`AutoModelForTokenClassification`, num_labels=1), randomly
-    initialised from `seed`, dropout off so forward passes are deterministic.
+    initialised from `seed`, dropout off so forward passes are deterministic. reward_model: a
+    one-label sequence classifier (`AutoModelForSequenceClassification`), its head randomly
+    initialised from `seed` unless the folder already holds one; it scores a sequence at its last
+    token that is not `pad_token_id` (set from the tokenizer's when the config has none).
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForSequenceClassification,
+        AutoModelForTokenClassification,
+    )
 
     if role not in ROLES:
         raise ValueError(f"trainer role {role!r}: allowed values are {ROLES}")
@@ -76,8 +85,32 @@ def load_role_model(path: str, role: str, seed: int) -> torch.nn.Module:
     if role == "critic":
         config = AutoConfig.from_pretrained(path, num_labels=1, local_files_only=True)
         config.classifier_dropout = 0.0
-        return AutoModelForTokenClassification.from_pretrained(path, config=config, **kwargs)
+        with new_head_expected():
+            return AutoModelForTokenClassification.from_pretrained(path, config=config, **kwargs)
+    if role == "reward_model":
+        config = AutoConfig.from_pretrained(path, num_labels=1, local_files_only=True)
+        if config.pad_token_id is None:
+            from rlactors.models import load_tokenizer
+
+            tokenizer = load_tokenizer(path)
+            config.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        with new_head_expected():
+            return AutoModelForSequenceClassification.from_pretrained(path, config=config, **kwargs)
     return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+
+
+@contextlib.contextmanager
+def new_head_expected():
+    """transformers' errors only while loading a head onto a causal LM's backbone: its load report
+    (the new head's weights missing, the LM head's unused) describes what the role asks for."""
+    from transformers.utils import logging as transformers_logging
+
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        transformers_logging.set_verbosity(verbosity)
 
 
 def shard_model(model: torch.nn.Module, mesh: DeviceMesh, gradient_checkpointing: bool = False) -> torch.nn.Module:
@@ -119,6 +152,13 @@ def response_values(model: torch.nn.Module, micro: MicroBatch) -> torch.Tensor:
     before each response token."""
     values = model(input_ids=micro.input_ids).logits.squeeze(-1)
     return torch.gather(values, 1, micro.response_positions).float()
+
+
+def sequence_scores(model: torch.nn.Module, micro: MicroBatch) -> torch.Tensor:
+    """A reward model's fp32 score [B] of each whole sequence (prompt and response) of a micro-batch,
+    read as the classifier scorer reads it (`rlactors.reward.model_scorer.score_sequences`): the
+    model's own pooling, at each row's last token before the right padding."""
+    return model(input_ids=micro.input_ids, use_cache=False).logits[:, 0].float()
 
 
 def lr_multiplier(step: int, warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float) -> float:

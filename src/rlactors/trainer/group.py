@@ -40,7 +40,7 @@ from rlactors.runtime.calls import error_text, gather, get_within
 from rlactors.runtime.phases import PHASE_LOG_TIMEOUT_S
 from rlactors.runtime.transport import results_in_object_store
 from rlactors.trainer.batch import TrainBatch, TrainBatchRef, rows_in_batch_order
-from rlactors.trainer.plan import MiniBatchPlan, plan_mini_batches
+from rlactors.trainer.plan import MiniBatchPlan, plan_mini_batches, plan_preference_pairs
 from rlactors.trainer.ranks import TrainerRankError, kill_ranks, wait_for_ranks
 from rlactors.trainer.worker import TrainerWorker
 
@@ -62,7 +62,7 @@ def check_norm_tokens(algorithm: AlgorithmConfig, norm_tokens: int | None) -> Al
 class TrainerGroup:
     def __init__(self, role: str, model_path: str, trainer: TrainerConfig, algorithm: AlgorithmConfig | None = None,
                  seed: int = 0, norm_tokens: int | None = None, placement=None, lora: LoraConfig | None = None):
-        """Start `trainer.num_workers` ranks of `role` ("actor", "reference" or "critic") on the model
+        """Start `trainer.num_workers` ranks of `role` ("actor", "reference", "critic" or "reward_model") on the model
         folder `model_path`. `norm_tokens` is the constant of the `seq-mean-token-sum-norm` loss mode
         (e.g. the maximum response length). `placement` (a `rlactors.placement.cluster.Placement`)
         gives each rank its bundle and resources; without it each rank asks for a whole GPU when the
@@ -125,6 +125,9 @@ class TrainerGroup:
         return self.workers
 
     def _plans(self, batch: TrainBatchRef, num_mini_batches: int) -> list[MiniBatchPlan]:
+        if self.role == "reward_model":  # preference pairs, each kept in one micro-batch
+            return plan_preference_pairs(batch.sequence_lengths, num_mini_batches, self.num_workers,
+                                         self.trainer.max_tokens_per_micro_batch)
         return plan_mini_batches(batch.sequence_lengths, batch.num_model_tokens, num_mini_batches, self.num_workers,
                                  self.trainer.max_tokens_per_micro_batch)
 
@@ -201,6 +204,12 @@ class TrainerGroup:
     def sft_step(self, batch: BatchArg) -> dict[str, float]:
         """Supervised NLL on the model tokens of the responses: one optimizer step per mini-batch."""
         return self._fan_out("sft_step", batch, self.trainer.num_mini_batches)[0]
+
+    def update_reward_model(self, batch: BatchArg, num_mini_batches: int = 1) -> dict[str, float]:
+        """Bradley-Terry update of a reward model: sequences 2p and 2p+1 are pair p's chosen and
+        rejected texts (whole, as the classifier scorer reads them); one optimizer step per
+        mini-batch of pairs."""
+        return self._fan_out("update_reward_model", batch, num_mini_batches)[0]
 
     def export_weights(self, bucket_bytes: int = 64 << 20, dtype: torch.dtype | None = None) -> tuple[list, int]:
         """(ObjectRefs of weight buckets, total bytes); each bucket a list of (HF name, tensor).

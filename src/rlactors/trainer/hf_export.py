@@ -48,9 +48,11 @@ def source_dtype(model_path: str | Path) -> torch.dtype:
 
 
 def write_hf_folder(buckets: Iterable[list[tuple[str, torch.Tensor]]], out: str | Path, model_path: str | Path,
-                    architecture: str | None = None, dtype: torch.dtype | None = None) -> Path:
+                    architecture: str | None = None, dtype: torch.dtype | None = None,
+                    config_updates: dict | None = None) -> Path:
     """Write `buckets` of (Hugging Face name, tensor) as a Hugging Face folder at `out`, with the
-    config, generation config and tokenizer of `model_path`. A tied head (`lm_head.weight` while
+    config (and `config_updates` to it, e.g. a classifier's `num_labels`), generation config and
+    tokenizer of `model_path`. A tied head (`lm_head.weight` while
     the config ties it) is left out: transformers and vLLM re-tie it to the embedding."""
     from safetensors.torch import save_file
     from transformers import AutoConfig, GenerationConfig
@@ -87,6 +89,8 @@ def write_hf_folder(buckets: Iterable[list[tuple[str, torch.Tensor]]], out: str 
         shutil.copymode(temp / INDEX_FILE, temp / shard)
     if architecture:
         config.architectures = [architecture]
+    for name, value in (config_updates or {}).items():
+        setattr(config, name, value)
     config.dtype = dtype
     config.save_pretrained(temp)
     try:

@@ -9,6 +9,10 @@ The plan of a training call is computed once, centrally, from the sequence lengt
                           collectives run once per forward/backward on every rank), padding the
                           count with empty micro-batches when a rank has too few sequences
 
+A reward model's preference pairs (`plan_preference_pairs`) are planned the same way with each pair
+(sequences 2p and 2p+1, chosen then rejected) as one unit, so both halves of a pair share a
+micro-batch; its counts are pairs.
+
 Each plan carries the global counts of its mini-batch (model tokens, sequences with a model token),
 so losses normalise by the whole mini-batch whatever the number of ranks or micro-batches.
 Pure functions on sequence lengths: no tensors, no Ray.
@@ -104,3 +108,18 @@ def plan_mini_batches(
             num_sequences=sum(1 for i in indices if num_model_tokens[i] > 0),
         ))
     return plans
+
+
+def plan_preference_pairs(sequence_lengths: list[int], num_mini_batches: int, num_ranks: int,
+                          max_tokens_per_micro_batch: int) -> list[MiniBatchPlan]:
+    """`plan_mini_batches` over preference pairs: sequences 2p (chosen) and 2p+1 (rejected) travel
+    together, in that order, so a micro-batch holds whole pairs. A pair costs twice its longer
+    sequence (both rows pad to it); `num_tokens` and `num_sequences` count the mini-batch's pairs,
+    the Bradley-Terry loss's normaliser."""
+    if len(sequence_lengths) % 2:
+        raise ValueError(f"preference pairs need an even number of sequences, got {len(sequence_lengths)}")
+    pair_lengths = [2 * max(sequence_lengths[i], sequence_lengths[i + 1]) for i in range(0, len(sequence_lengths), 2)]
+    plans = plan_mini_batches(pair_lengths, [1] * len(pair_lengths), num_mini_batches, num_ranks,
+                              max_tokens_per_micro_batch)
+    return [MiniBatchPlan([[[i for pair in sorted(micro) for i in (2 * pair, 2 * pair + 1)] for micro in rank]
+                           for rank in plan.micro_batches], plan.num_tokens, plan.num_sequences) for plan in plans]

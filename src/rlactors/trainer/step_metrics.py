@@ -22,7 +22,9 @@ from rlactors.trainer.routing_replay import ROUTING_METRICS
 
 # Metrics that are token means: ranks return token-weighted sums, divided by the mini-batch's tokens.
 TOKEN_MEAN_METRICS = frozenset({*POLICY_METRICS, *BYPASS_METRICS, "entropy", "vf_clipfrac", "rollout_trainer_kl",
-                                "rollout_logprob_abs_diff_mean", *ROUTING_METRICS})
+                                "rollout_logprob_abs_diff_mean", *ROUTING_METRICS,
+                                # a reward model's, whose plans count pairs (`plan_preference_pairs`)
+                                "preference_accuracy", "score_margin"})
 MAX_METRICS = frozenset({"rollout_logprob_abs_diff_max"})  # maxima over micro-batches and ranks
 
 

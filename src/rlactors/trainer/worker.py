@@ -5,7 +5,8 @@ each one runs collectives (FSDP all-gathers and reduce-scatters, metric all-redu
 run the same number of forward/backward passes, which the shared plan guarantees.
 
 Roles (plain branches, no subclasses): `actor` (policy: logprobs, PPO update, SFT), `reference`
-(frozen: logprobs only), `critic` (value head: values, value update).
+(frozen: logprobs only), `critic` (value head: values, value update), `reward_model` (a sequence
+classifier: Bradley-Terry update on preference pairs, `rlactors.pipelines.reward_model_training`).
 
 Loss normalisation: every micro-batch loss is that micro-batch's share of the mini-batch loss
 (global counts from the plan), so the shares of all micro-batches of all ranks sum to the loss of
@@ -36,6 +37,7 @@ import torch.distributed as dist
 
 from rlactors.algorithms import (
     aggregate_loss,
+    bradley_terry_loss,
     chunked_entropy_from_logits,
     logprobs_from_logits,
     sft_loss,
@@ -250,6 +252,21 @@ class TrainerWorker:
 
         return self._train(batch, plans, [], loss_fn, "actor", num_epochs=1)
 
+    def update_reward_model(self, batch: TrainBatch, plans: list[MiniBatchPlan]) -> dict[str, float]:
+        """Bradley-Terry steps on preference pairs: sequences 2p (chosen) and 2p+1 (rejected), whole
+        texts, planned by `plan_preference_pairs` (a pair in one micro-batch, counts in pairs)."""
+        self._start("update_reward_model", ("reward_model",))
+
+        def loss_fn(micro: MicroBatch, plan: MiniBatchPlan) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            scores = fsdp.sequence_scores(self.model, micro)
+            if not micro.indices:  # a filler micro-batch: runs the collectives, adds nothing
+                zero = scores.sum() * 0.0
+                return zero, {"bt_loss": zero, "preference_accuracy": zero, "score_margin": zero}
+            loss, sums = bradley_terry_loss(scores[0::2], scores[1::2], global_num_pairs=plan.num_tokens)
+            return loss, {"bt_loss": loss} | sums
+
+        return self._train(batch, plans, [], loss_fn, "reward_model", num_epochs=1)
+
     def _counts(self, plan: MiniBatchPlan) -> dict:
         return dict(global_num_tokens=plan.num_tokens, global_num_sequences=plan.num_sequences,
                     norm_tokens=self.norm_tokens)
@@ -388,8 +405,10 @@ class TrainerWorker:
             raise ValueError("a critic is not a causal LM: only the actor and reference export to Hugging Face")
         dtype = source_dtype(self.model_path)
         buckets = fsdp.iter_weight_buckets(self.model, SHARD_BYTES, keep=self.rank == 0, dtype=dtype)
+        # A reward model's folder is a classifier the scorer loads, whatever folder it started from.
+        classifier = {"num_labels": 1, "pad_token_id": self.pad_token_id} if self.role == "reward_model" else None
         if self.rank == 0:
-            write_hf_folder(buckets, path, self.model_path, self.architecture, dtype)
+            write_hf_folder(buckets, path, self.model_path, self.architecture, dtype, classifier)
         else:
             for _ in buckets:  # the gathers are collectives: every rank walks them
                 pass
