@@ -7,6 +7,8 @@
                                       output_dir/eval/report.json and samples.parquet
     export CHECKPOINT OUT [--model M] a saved checkpoint's actor as a Hugging Face folder at OUT
     plot METRICS.jsonl [-o OUT.png]   draw a metrics file
+    train-reward-model [CONFIG] [k=v] a classifier reward model trained on preference pairs (Bradley-Terry),
+                                      written as the Hugging Face folder `reward.models` loads
     smoke                             build the tiny model and generate through vLLM once
     check-vllm                        what the installed vLLM offers the rollout engine; exit 1 if it lacks a call
     plan CONFIG.yaml [key=value ...]  where every role runs, memory per device, whether it fits
@@ -92,6 +94,10 @@ def parser() -> argparse.ArgumentParser:
     plot = commands.add_parser("plot", help="draw a metrics.jsonl file")
     plot.add_argument("metrics")
     plot.add_argument("-o", "--output", default=None)
+    train_reward = commands.add_parser("train-reward-model", help="a reward model (classifier) trained on preference "
+                                       "pairs, written as the folder reward.models loads")
+    train_reward.add_argument("config", nargs="?", help="YAML of a RewardTrainingConfig (or only key=value overrides)")
+    train_reward.add_argument("overrides", nargs="*", help="dotted.key=value")
     commands.add_parser("smoke", help="tiny model through vLLM once")
     commands.add_parser("check-vllm", help="what the installed vLLM offers the rollout engine; exit 1 if it lacks a call")
     show = commands.add_parser("config", help="print the resolved configuration")
@@ -107,6 +113,14 @@ def parser() -> argparse.ArgumentParser:
     plan.add_argument("--device-memory-gib", type=float, default=None, help="memory of one GPU, for the fit check")
     plan.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     return parser
+
+
+def _config_and_overrides(args) -> tuple[str | None, list[str]]:
+    """(config file or None, overrides) of a command whose config file is optional: a first
+    argument with '=' in it is an override."""
+    if args.config and "=" in args.config:
+        return None, [args.config, *args.overrides]
+    return args.config, args.overrides
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,10 +156,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{path:45s} {description}")
             return 0
         if args.command == "config":
-            config_path, overrides = args.config, args.overrides
-            if config_path and "=" in config_path:
-                config_path, overrides = None, [config_path, *overrides]
-            print(dump_config(load_config(config_path, overrides)), end="")
+            print(dump_config(load_config(*_config_and_overrides(args))), end="")
+            return 0
+        if args.command == "train-reward-model":
+            from rlactors.config import RewardTrainingConfig
+            from rlactors.pipelines.reward_model_training import train_reward_model
+
+            train_reward_model(load_config(*_config_and_overrides(args), model=RewardTrainingConfig))
             return 0
         if args.command == "check-vllm":
             from rlactors.runtime.vllm_features import main as check_vllm

@@ -9,6 +9,7 @@
     algorithm.py   the algorithm's section: advantage estimator, policy loss, KL, rollout correction
     lora.py        the actor's LoRA adapters (`model.lora`)
     reward_model.py  a reward model among the scorers (`reward.models`)
+    reward_training.py  a reward model's training job on preference pairs (`rlactors train-reward-model`)
     loading.py     YAML and overrides onto `Config`; a bad key or value names its dotted path
 """
 
@@ -23,6 +24,7 @@ from rlactors.config.loading import (
 )
 from rlactors.config.lora import LoraConfig
 from rlactors.config.reward_model import RewardModelConfig
+from rlactors.config.reward_training import RewardTrainingConfig
 from rlactors.config.section import ConfigError, Section
 from rlactors.config.sections import (
     DEFAULT_LOGGERS,
@@ -43,7 +45,8 @@ from rlactors.config.sections import (
 
 __all__ = [
     "DEFAULT_LOGGERS", "AlgorithmConfig", "BufferConfig", "Config", "ConfigError", "DataConfig", "EnvironmentConfig",
-    "LoraConfig", "ModelConfig", "OptimConfig", "OverlongConfig", "PipelineConfig", "RewardConfig", "RewardModelConfig", "RolloutConfig",
+    "LoraConfig", "ModelConfig", "OptimConfig", "OverlongConfig", "PipelineConfig", "RewardConfig", "RewardModelConfig", "RewardTrainingConfig",
+    "RolloutConfig",
     "RolloutCorrectionConfig", "SamplingConfig", "Section", "TrainerConfig", "ValidationSamplingConfig", "build_config",
     "config_to_dict", "describe_fields", "dump_config", "load_config", "parse_override",
 ]

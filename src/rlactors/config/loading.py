@@ -89,19 +89,20 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
-def build_config(tree: dict | None = None, overrides: list[str] | None = None) -> Config:
-    """Validate a plain dict (e.g. from YAML) after applying dotted overrides."""
+def build_config(tree: dict | None = None, overrides: list[str] | None = None, model: type[BaseModel] = Config):
+    """Validate a plain dict (e.g. from YAML) after applying dotted overrides, as a `model` (a run's
+    `Config`, or another job's root such as `RewardTrainingConfig`)."""
     tree = dict(tree or {})
     for text in overrides or []:
         key, value = parse_override(text)
         _set_dotted(tree, key, value)
     try:
-        return Config.model_validate(tree)
+        return model.model_validate(tree)
     except ValidationError as error:
-        raise _explain(error, Config) from None
+        raise _explain(error, model) from None
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None, model: type[BaseModel] = Config):
     """Load YAML (or start from defaults when path is None), apply overrides, validate."""
     tree: dict = {}
     if path is not None:
@@ -111,7 +112,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             tree = yaml.safe_load(handle) or {}
         if not isinstance(tree, dict):
             raise ConfigError(f"{path}: top level must be a mapping of sections")
-    return build_config(tree, overrides)
+    return build_config(tree, overrides, model)
 
 
 def config_to_dict(config: BaseModel) -> dict:

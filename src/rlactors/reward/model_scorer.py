@@ -32,7 +32,7 @@ from rlactors.reward.scorer import saved_counters
 from rlactors.runtime.calls import error_text
 from rlactors.types import Group
 
-__all__ = ["RewardModelScorer", "classifier_text", "located", "score_sequences"]
+__all__ = ["RewardModelScorer", "classifier_text", "classifier_token_ids", "located", "score_sequences"]
 
 COUNTERS = (*PART_COUNTERS, "num_truncated")
 
@@ -48,6 +48,13 @@ def classifier_text(prompt: str, response: str, input_format: str, tokenizer) ->
     return tokenizer.apply_chat_template(messages, tokenize=False)
 
 
+def classifier_token_ids(tokenizer, texts: list[str], max_tokens: int) -> tuple[list[list[int]], int]:
+    """(each text's token ids as the classifier reads them, cut to the last `max_tokens`; the
+    number cut). Its training (`rlactors.pipelines.reward_model_training`) reads texts the same way."""
+    encoded = [tokenizer(text)["input_ids"] for text in texts]
+    return [ids[-max_tokens:] for ids in encoded], sum(len(ids) > max_tokens for ids in encoded)
+
+
 def score_sequences(model, tokenizer, texts: list[str], batch_size: int,
                     max_tokens: int) -> tuple[list[tuple[float | None, str | None]], int]:
     """(one (logit, error) per text, in order; the number of texts cut to their last `max_tokens`
@@ -55,9 +62,7 @@ def score_sequences(model, tokenizer, texts: list[str], batch_size: int,
     that cause them."""
     import torch
 
-    encoded = [tokenizer(text)["input_ids"] for text in texts]
-    num_truncated = sum(len(ids) > max_tokens for ids in encoded)
-    encoded = [ids[-max_tokens:] for ids in encoded]
+    encoded, num_truncated = classifier_token_ids(tokenizer, texts, max_tokens)
     device = next(model.parameters()).device
 
     def forward(batch: list[list[int]]) -> list[float]:
