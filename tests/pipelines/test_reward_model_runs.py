@@ -7,6 +7,8 @@ Below this run: the classifier, the pool's stages, a replica's restart and the c
 (tests/reward/test_model_scorer.py), the judge on an engine (tests/reward/test_judge.py), the
 metrics (tests/pipelines/test_common.py), the plan (tests/placement/test_plan.py)."""
 
+from pathlib import Path
+
 import pytest
 from tiny_runs import record_scored_batches, tiny_config
 
@@ -49,3 +51,35 @@ def test_a_run_scored_by_reward_models_logs_each_part_and_trains_on_their_sum(wa
         assert parts["judge"] == len(sample.score_details["reward_outputs"]["judge"])
         assert sample.score == pytest.approx(0.5 * parts["function"] + 2.0 * parts["quality"] + 0.01 * parts["judge"],
                                              abs=1e-6)
+
+
+DIGIT_RULE = Path(__file__).resolve().parents[2] / "benchmarks" / "digit_reward.py"
+LEARN_STEPS = 6
+
+
+def test_grpo_against_a_preference_trained_classifier_raises_its_score_and_the_rule_it_reflects(
+        warm_actors, tiny_model_dir, tmp_path):
+    """A classifier trained on pairs that prefer digits (`rlactors train-reward-model`) is the only
+    reward of a GRPO run; the digit-share rule rides along at weight 0, logged as its part and as
+    greedy validation accuracy on held-out prompts. Both the classifier's score and the rule rise."""
+    from rlactors.config import RewardTrainingConfig, load_config
+    from rlactors.pipelines.reward_model_training import train_reward_model
+
+    reward_model = tmp_path / "reward_model"
+    report = train_reward_model(load_config(None, [f"model_path={tiny_model_dir}", f"output_path={reward_model}",
+                                                   "num_epochs=3", "trainer.optim.lr=3e-4"], model=RewardTrainingConfig))
+    assert report["val/preference_accuracy"] >= 0.85
+    history = run_pipeline(tiny_config(
+        tmp_path, tiny_model_dir, f"pipeline.num_steps={LEARN_STEPS}", "trainer.optim.lr=1e-2",
+        "rollout.sampling.num_samples_per_prompt=8", "pipeline.batch_size_prompts=8",
+        f"reward.custom_function={DIGIT_RULE}:compute_score", "reward.function_weight=0",
+        f"reward.models=[{{name: digits, path: {reward_model}}}]"), warm=warm_actors)
+    steps = history[1:]
+    for step in steps:
+        assert step["reward/mean"] == pytest.approx(step["reward/digits/mean"], abs=1e-6)  # the rule weighs 0
+    scores, rule = [s["reward/digits/mean"] for s in steps], [s["reward/function/mean"] for s in steps]
+    # measured: the classifier's score -2.5 -> 4.2, the rule 0.02 -> 0.88, held-out 0.0 -> 1.0 by step 6
+    assert sum(scores[-2:]) / 2 > scores[0] + 1.0, scores
+    assert sum(rule[-2:]) / 2 > rule[0] + 0.4, rule
+    held_out = [h["val/synthetic/arithmetic/acc"] for h in history if "val/synthetic/arithmetic/acc" in h]
+    assert len(held_out) == 2 and held_out[1] > held_out[0] + 0.4, held_out
