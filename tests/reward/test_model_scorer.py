@@ -102,8 +102,9 @@ def model_pool(ray_session, reward_model_dir):
     from rlactors.reward.pool import RewardPool
 
     rm = RewardModelConfig(name="quality", path=str(reward_model_dir), weight=2.0, batch_size=2,
-                           data_sources=["synthetic/arithmetic"])
-    config = RewardConfig(num_workers=1, timeout_s=60.0, function_weight=0.5, models=[rm])
+                           data_sources=["synthetic/arithmetic", "chat/open"])
+    config = RewardConfig(num_workers=1, timeout_s=60.0, function_weight=0.5, models=[rm],
+                          function_data_sources=["synthetic/arithmetic", "openai/gsm8k"])
     # The tiny policy and reward model share the character tokenizer: either folder gives it.
     pool = RewardPool(config, max_response_tokens=64, policy_tokenizer_path=str(reward_model_dir))
     yield pool
@@ -136,6 +137,23 @@ def test_the_reward_is_the_weighted_sum_of_its_parts_each_kept(model_pool, class
     after = model_pool.metrics()
     assert after["reward/quality/num_scored"] - before["reward/quality/num_scored"] == 2
     assert after["reward/quality/num_samples"] - before["reward/quality/num_samples"] == 4
+
+
+def test_a_data_source_the_function_does_not_list_is_the_models_alone(model_pool, classifier):
+    """A chat row, which no rule could score (the function would raise on its data source), is not
+    sent to the function: its part is 0 with no error, and the model's part is the reward."""
+    import ray
+
+    _, tokenizer = classifier
+    before = model_pool.metrics()
+    chat = ray.get(model_pool.score(arithmetic_group(tokenizer, "c0", "Say hi.", "", ["hi", "no"],
+                                                     data_source="chat/open")))
+    for sample in chat.samples:
+        assert sample.score_error is None
+        assert sample.score_details["reward_parts"] == {
+            "function": 0.0, "quality": pytest.approx(plain_logit(classifier, "Say hi." + sample.text), abs=1e-5)}
+        assert sample.score == pytest.approx(2.0 * sample.score_details["reward_parts"]["quality"])
+    assert model_pool.metrics()["reward/num_errors"] == before["reward/num_errors"]
 
 
 def test_the_pools_checkpoint_holds_each_models_counters(model_pool):

@@ -234,6 +234,10 @@ class RewardConfig(Section):
         1.0, description="Weight of the rule or user function's score in the reward (with `models`, the sum of the "
         "weighted parts; DAPO's overlong penalty is added to that sum).",
     )
+    function_data_sources: list[str] | None = Field(
+        None, description="Rows of these data sources are scored by the rule or user function; elsewhere its part is "
+        "0 and it is not called (e.g. chat rows a reward model alone scores). None: every row; []: none.",
+    )
     models: list[RewardModelConfig] = Field(
         default_factory=list, description="Reward models scoring beside the function, each adding its weighted part.",
     )

@@ -92,6 +92,7 @@ class RewardPool:
                 config.overlong.penalty_factor,
                 config.function_weight,
                 bool(config.models),
+                config.function_data_sources,
             )
             for _ in range(config.num_workers)
         ]

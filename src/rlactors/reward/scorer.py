@@ -87,6 +87,7 @@ class RewardScorer:
         overlong_penalty_factor: float = 1.0,
         function_weight: float = 1.0,
         record_parts: bool = False,
+        function_data_sources: list[str] | None = None,
     ) -> None:
         if overlong_buffer_tokens is not None and max_response_tokens is None:
             raise ValueError("overlong penalty needs max_response_tokens")
@@ -99,6 +100,8 @@ class RewardScorer:
         # With reward models (`rlactors.reward.model_scorer`) the score is this function's weighted part,
         # the raw one kept in score_details["reward_parts"]["function"]; the models add theirs after.
         self.function_weight, self.record_parts = function_weight, record_parts
+        # Rows of other data sources are not the function's: part 0, no call, no error.
+        self.function_data_sources = None if function_data_sources is None else frozenset(function_data_sources)
         self.counts = dict.fromkeys(COUNTERS, 0)
         self.scoring_s = 0.0
         self._worker_record = worker_record()
@@ -144,8 +147,9 @@ class RewardScorer:
         for group_index, group in enumerate(groups):
             for sample_index, sample in enumerate(scored_samples(group)):
                 # An episode's environment scored it already (or failed, see `_finish`).
-                if sample.error is None and sample.environment_error is None and sample.episode_reward is None:
-                    request = group.request
+                request = group.request
+                if sample.error is None and sample.environment_error is None and sample.episode_reward is None \
+                        and (self.function_data_sources is None or request.data_source in self.function_data_sources):
                     tasks.append((request.data_source, sample.text, request.ground_truth, request.extra_info))
                     where.append((group_index, sample_index))
         results = dict(zip(where, self._run(tasks), strict=True))
@@ -202,7 +206,7 @@ class RewardScorer:
             return replace(sample, score=0.0, score_details={}, score_error=sample.environment_error)
         if sample.episode_reward is not None:
             result = (sample.episode_reward, {"episode_reward": sample.episode_reward}, None)
-        score, details, error = result
+        score, details, error = (0.0, {}, None) if result is None else result  # None: not the function's row
         if error is not None:
             self.counts["num_errors"] += 1
             if self.counts["num_errors"] <= NUM_ERRORS_LOGGED:
