@@ -1,5 +1,6 @@
 """The resource plan (pure) and the `plan` command on the shipped examples and hand-made shapes."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -311,6 +312,20 @@ def test_the_judge_example_plans_on_one_node_of_8_with_each_judge_engines_share_
     judged = [row for row in report["memory"] if "reward_models_bytes" in row]
     assert [row["reward_models_bytes"] for row in judged] == [int(0.3 * (80 << 30))] * 2  # its engine's share
     assert [device["roles"][-1] for device in report["devices"][:2]] == ["reward/judge:0", "reward/judge:1"]
+    # Colocated (trainer.offload), the judges sleep while the trainer runs: they count beside the
+    # engines, not beside the trainer. In async mode every role counts beside every other.
+    plan = make_plan(config, ClusterShape.uniform(1, 8))
+    generating = int((0.45 + 0.3) * (80 << 30))  # the policy's engine and the judge's
+    rows = estimate_memory(plan, config, report["num_parameters"], device_memory_bytes=80 << 30)
+    assert rows[0]["peak_bytes"] == generating > rows[0]["actor_bytes"] + rows[0]["reference_bytes"]
+    heavy = estimate_memory(plan, config, 8 * report["num_parameters"], device_memory_bytes=80 << 30,
+                            reward_model_parameters={"judge": report["num_parameters"]})
+    trainer = heavy[0]["actor_bytes"] + heavy[0]["reference_bytes"]
+    assert heavy[0]["peak_bytes"] == heavy[2]["peak_bytes"] == trainer > generating  # no judge in the trainer's turn
+    assert not heavy[0]["fits"]
+    asynchronous = estimate_memory(dataclasses.replace(plan, mode="async"), config, report["num_parameters"],
+                                   device_memory_bytes=80 << 30)
+    assert asynchronous[0]["peak_bytes"] - asynchronous[2]["peak_bytes"] == int(0.3 * (80 << 30))
     # Without the device's size, the judge's weights alone.
     rows = estimate_memory(make_plan(config, ClusterShape.uniform(1, 8)), config, report["num_parameters"],
                            reward_model_parameters={"judge": report["num_parameters"]})

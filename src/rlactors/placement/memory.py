@@ -13,10 +13,12 @@ What is counted, per device, in bytes (activations are not: they depend on micro
   vLLM takes: `gpu_memory_utilization` x device memory minus those weights;
 - reward models (`reward.models`): a classifier replica's weights in its dtype; a judge's engine takes
   `judge.gpu_memory_utilization` x device memory (its weights and KV cache), or its weights when the
-  device size is not known; on their devices all run long.
+  device size is not known.
 Colocated devices are checked phase by phase: while the engines generate the trainer's state stays
-on the device unless `trainer.offload`; while the trainer runs the engines sleep (their weights and
-KV cache freed), so the trainer's state alone must fit; reward models count in both phases.
+on the device unless `trainer.offload`, and the reward models are there; while the trainer runs the
+engines sleep (their weights and KV cache freed) and so do the reward models (a classifier in host
+memory, a judge's engine asleep), so the trainer's state alone must fit. In async mode every role
+holds its memory all run long.
 """
 
 from __future__ import annotations
@@ -111,13 +113,11 @@ def estimate_memory(plan: ResourcePlan, config, num_parameters: int, device_memo
     for bundle in plan.bundles:
         row: dict = {"node": bundle.node, "device": bundle.device}
         trainer_bytes = 0
-        resident_bytes = 0  # on the device in every phase: the reward models
         for slot in bundle.roles:
             if slot.role == ROLLOUT:
                 row["rollout_weights_bytes"] = num_parameters * DTYPE_BYTES[dtype] // tp
             elif slot.role in reward_model_bytes:
                 row["reward_models_bytes"] = row.get("reward_models_bytes", 0) + reward_model_bytes[slot.role]
-                resident_bytes += reward_model_bytes[slot.role]
             else:
                 role_bytes = num_parameters * BYTES_PER_PARAMETER[slot.role]
                 if slot.role == "actor" and config.model.lora.enabled:
@@ -128,12 +128,13 @@ def estimate_memory(plan: ResourcePlan, config, num_parameters: int, device_memo
         if device_memory_bytes is not None and engine_bytes:
             engine_bytes = int(rollout.gpu_memory_utilization * device_memory_bytes)
             row["kv_cache_bytes"] = engine_bytes - row["rollout_weights_bytes"]
+        reward_bytes = row.get("reward_models_bytes", 0)
         if plan.mode == "colocated":
-            generating = engine_bytes + (0 if offload else trainer_bytes)
+            generating = engine_bytes + reward_bytes + (0 if offload else trainer_bytes)
             peak = max(generating, trainer_bytes)
         else:
-            peak = engine_bytes + trainer_bytes
-        row["peak_bytes"] = peak + resident_bytes
+            peak = engine_bytes + reward_bytes + trainer_bytes
+        row["peak_bytes"] = peak
         if device_memory_bytes is not None:
             row["fits"] = peak <= device_memory_bytes and row.get("kv_cache_bytes", 1) > 0
         rows.append(row)
