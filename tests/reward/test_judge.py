@@ -1,8 +1,8 @@
 """The LLM judge. Ray-free: the message (placeholders filled in one pass), the built-in verdicts and
 a user's, an output without a verdict kept in its error. On the suite's vLLM engine (`engine` in
 tests/conftest.py; the tiny model as judge): what the judge answers is what the engine writes for that message, parts and outputs kept
-per sample, an output without a verdict scores 0 with the output in its error, and a judge past its
-time limit fails only its samples."""
+per sample, an output without a verdict scores 0 with the output in its error, a judge past its
+time limit fails only its samples, and a judge whose engine sleeps (colocated) wakes it to judge."""
 
 from __future__ import annotations
 
@@ -125,5 +125,14 @@ def test_the_judge_scores_with_what_the_engine_writes_for_each_message(engine, t
     hurried = RewardModelScorer.remote(judge_config(tiny_model_dir, "score", call_timeout_s=1e-3), str(tiny_model_dir), engine)
     late = ray.get(hurried.score.remote(groups_to_judge(tokenizer)[0]), timeout=300).samples[0]
     assert late.score == 0.0 and "no verdict within 0.001 s (reward.models[].judge.call_timeout_s)" in late.score_error
+    # Colocated time-sharing: the judge's engine sleeps while the trainer runs; a call that comes
+    # meanwhile wakes it first (an asleep engine refuses to generate), and judges as before.
+    try:
+        assert ray.get(judge.offload.remote(), timeout=120) == 0 and ray.get(engine.health.remote())["asleep"]
+        again = ray.get(judge.score.remote(groups_to_judge(tokenizer)[0]), timeout=300).samples[0]
+        assert again.score_details["reward_outputs"] == {"judge": expected}
+        assert not ray.get(engine.health.remote())["asleep"]
+    finally:
+        ray.get(engine.wake_up.remote(), timeout=120)  # the suite's engine, awake for the next test
     for actor in (judge, strict, hurried):
         ray.kill(actor)

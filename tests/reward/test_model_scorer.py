@@ -1,8 +1,8 @@
 """Reward models as scorers. Ray-free: a tiny classifier's logits batched as one at a time and as a
 plain transformers forward, long sequences cut to their end, a failing sequence named while its batch
 is kept, the chat format. On a real local Ray: the pool's stages summing the weighted parts, a data
-source's choice of models, a failed rollout left unscored, counters and their checkpoint, and a replica
-killed mid-call restarted with each group scored once."""
+source's choice of models, a failed rollout left unscored, counters and their checkpoint, a replica
+killed mid-call restarted with each group scored once, and offload/onload for colocated time-sharing."""
 
 from __future__ import annotations
 
@@ -183,6 +183,20 @@ def test_a_replica_killed_mid_call_is_restarted_and_each_group_scored_once(model
             [expected_score(classifier, f"{i}+1=", str(i + 1), True),
              expected_score(classifier, f"{i}+1=", "0" * 30, False)], abs=1e-5)
     assert ray.get(replica.__ray_call__.remote(lambda self: os.getpid()), timeout=60) != pid_before
+
+
+def test_offloaded_classifiers_move_once_and_score_alike_after_an_onload(model_pool, classifier):
+    """Colocated time-sharing on CPU (where a move to the host copies nothing, but the calls are those a
+    GPU run makes): offload moves every weight once, and a call meanwhile onloads first, then scores as before."""
+    import ray
+
+    model, tokenizer = classifier
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert model_pool.offload() == weight_bytes and model_pool.offload() == 0
+    group = ray.get(model_pool.score(arithmetic_group(tokenizer, "o0", "2+3=", "5", ["5"])))
+    assert group.samples[0].score == pytest.approx(expected_score(classifier, "2+3=", "5", True), abs=1e-5)
+    assert model_pool.onload() == 0  # the call brought it back
+    assert model_pool.offload() == weight_bytes and model_pool.onload() == weight_bytes
 
 
 def test_a_model_name_is_its_own_and_a_pool_with_models_needs_the_policy_tokenizer(ray_session, reward_model_dir):

@@ -15,7 +15,8 @@ One GRPO step, file by file (colocated; `Run` is built once by `build.build_run`
           reward/pool.RewardPool.score   a ref in, a ref out: reward/scorer.RewardScorer in its worker
           BufferClient.put_refs          the scored Group reaches the buffer by ref, never the driver
         BufferClient.sample            a batch within the staleness bound (stale groups evicted)
-      router.sleep                   the engines give the devices to the trainers
+      router.sleep                   the engines give the devices to the trainers (RewardPool.offload:
+                                     the reward models on them too)
       common.prepare_batch           pipelines/batch_builder.BatchBuilder.assemble (rows from the Groups),
                                      trainer/group.TrainerGroup.logprob_rows (old, reference logprobs;
                                      values for PPO), BatchBuilder.finish (algorithms/advantages)
@@ -34,6 +35,10 @@ Fully-async (`fully_async.run_fully_async`) runs the same pieces on two threads 
 prepare_batch -> update -> sync_weights -> ack on devices of its own, telling the producer each
 published version (the ack comes last: the room it frees is generated under the new weights).
 Every call to an actor is bounded (`rlactors.runtime.calls`); `teardown` stops whatever a run started.
+
+`reward_model_training.train_reward_model` is a job of its own: preference pairs (data/preferences)
+-> a TrainerGroup of role reward_model (TrainerWorker.update_reward_model, algorithms/losses
+.bradley_terry_loss) -> a classifier folder that `reward.models` loads.
 """
 
 from __future__ import annotations

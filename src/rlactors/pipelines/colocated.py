@@ -7,7 +7,8 @@ With `trainer.offload` the trainers take turns too (veRL's time-sharing of every
 their state in host memory while the engines generate, so a step is generate -> engines sleep ->
 trainers onload -> logprobs/values, update -> export into the sleeping engines (weights woken,
 loaded) -> trainers offload -> engines wake the KV cache. Every actor logs these phases; the run
-writes them all to `phase_logs.json` at the end (`rlactors.runtime.phases`).
+writes them all to `phase_logs.json` at the end (`rlactors.runtime.phases`). Reward models on the
+pool's devices (`reward.models`, not `own_devices`) sleep with the engines and wake before them.
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ def run_colocated(config: Config, model_path: str | None = None,
             timings: dict[str, float] = {}
             with timed(timings, "sleep"):
                 run.router.sleep()  # frees KV cache and weights on GPU; only a state change on CPU
+                run.reward.offload()  # reward models on these devices too (every group is scored by now)
             onloaded = onload_trainers(run) if offload else {}
             batch, metrics = prepare_batch(run, sampled)
             metrics |= timings | onloaded | update(run, batch)
@@ -101,6 +103,7 @@ def run_colocated(config: Config, model_path: str | None = None,
             if offload:
                 metrics |= offload_trainers(run)  # the device is the engines' again
             with timed(metrics, "wake_up"):
+                run.reward.onload()
                 run.router.wake_up()  # the KV cache; generation resumes
             timings = {"step": time.perf_counter() - start, "gen": generated - start, "update": updated - generated}
             history.append(end_step(run, logger, sampled, metrics, timings))

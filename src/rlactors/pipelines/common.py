@@ -329,10 +329,12 @@ def trainer_turn(run: Run, wake_up: bool = True):
         yield
         return
     run.router.sleep()
+    run.reward.offload()
     yield
     if wake_up:
         if run.config.rollout.sleep_level == 2:
             publish_weights(run)
+        run.reward.onload()
         run.router.wake_up()
 
 

@@ -12,6 +12,10 @@ A classifier's forward pass that raises is retried one sequence at a time, so th
 cause it (each scores 0, the error in its `score_error`); the batch's other samples are scored.
 Scoring is a pure function of its input, so Ray may restart a killed replica and retry the call:
 each group is scored once (a judge's verdicts are too when it samples greedily, its default).
+
+Time-sharing (colocated, `rlactors.pipelines.colocated`): `offload()` moves a classifier's weights
+to host memory and puts a judge's engine to sleep while the trainer has the device; `onload()`
+brings them back before the next rollout. A scoring call while offloaded onloads first.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from rlactors.reward.judge import judge_verdicts, verdict_parser
 from rlactors.reward.parts import COUNTERS as PART_COUNTERS
 from rlactors.reward.parts import Verdict, part_metrics, samples_to_score, with_parts
 from rlactors.reward.scorer import saved_counters
-from rlactors.runtime.calls import error_text
+from rlactors.runtime.calls import error_text, get_within
 from rlactors.types import Group
 
 __all__ = ["RewardModelScorer", "classifier_text", "classifier_token_ids", "located", "score_sequences"]
@@ -140,6 +144,8 @@ class RewardModelScorer:
             self.tokenizer, self.parse = load_tokenizer(config.path), verdict_parser(config.judge.verdict)
         # Prompts travel as the policy's token ids: its tokenizer gives back the text the policy saw.
         self.policy_tokenizer = load_tokenizer(policy_tokenizer_path)
+        self.device = next(self.model.parameters()).device if config.kind == "classifier" else None
+        self.offloaded = False
         self.counts = dict.fromkeys(COUNTERS, 0)
         self.scoring_s = 0.0
 
@@ -156,6 +162,32 @@ class RewardModelScorer:
         """Call with `.options(num_returns=len(groups))` to get one ref per group."""
         return self._score_groups(list(groups))
 
+    def offload(self) -> int:
+        """Give the device up: a classifier's weights to host memory (the allocator's cache released),
+        a judge's engine asleep. Returns the bytes moved (0 for a judge, whose engine logs its own);
+        already offloaded, nothing happens."""
+        return self._move(offload=True)
+
+    def onload(self) -> int:
+        """Take the device back (the inverse of `offload`)."""
+        return self._move(offload=False)
+
+    def _move(self, offload: bool) -> int:
+        from rlactors.trainer.offload import HOST, move_state, release_cached_memory
+
+        if self.offloaded == offload:
+            return 0
+        moved_bytes = 0
+        if self.engine is not None:
+            method = "sleep" if offload else "wake_up"
+            get_within(getattr(self.engine, method).remote(), self.config.judge.call_timeout_s,
+                       f"reward model {self.config.name!r}: its judge engine's {method}")
+        else:
+            moved_bytes = move_state(self.model, None, HOST if offload else self.device)
+            release_cached_memory(self.device)
+        self.offloaded = offload
+        return moved_bytes
+
     def metrics(self) -> dict[str, float]:
         return part_metrics(self.config.name, self.counts, self.scoring_s)
 
@@ -169,6 +201,7 @@ class RewardModelScorer:
 
     def _score_groups(self, groups: list[Group]) -> list[Group]:
         start = time.perf_counter()
+        self.onload()  # a no-op unless a call comes while offloaded (colocated runs call onload first)
         config = self.config
         items = samples_to_score(groups, config, self.policy_tokenizer.decode)
         if config.kind == "judge":

@@ -13,6 +13,8 @@ group, and how a failing function is recorded: `rlactors.reward.scorer`.
 
 With reward models (`reward.models`) each group goes through stages, ref to ref: the function scorers,
 then each model's replicas in turn (`rlactors.reward.model_scorer`), each adding its weighted part.
+`offload()` / `onload()` hand the devices of the models that share them (not `own_devices`) to the
+trainer and back (colocated time-sharing).
 """
 
 from __future__ import annotations
@@ -103,6 +105,11 @@ class RewardPool:
                     for replica in range(model.num_replicas)] for model in models]
         self.model_actors = [[scorer for scorer, _ in replicas] for replicas in started]
         self.model_engines = [engine for replicas in started for _, engine in replicas if engine is not None]
+        # Replicas on devices the trainer uses too (colocated: time-shared, `offload`), and how long
+        # moving them may take (the calls queued before, and a judge's engine going to sleep or waking).
+        self.shared_replicas = [replica for model, replicas in zip(models, self.model_actors, strict=True)
+                                if not model.own_devices for replica in replicas]
+        self.move_timeout_s = STATE_TIMEOUT_S + max([model.judge.call_timeout_s for model in models], default=0.0)
         self.in_flight: list[list[tuple[ray.ObjectRef, int]]] = [[] for _ in self.actors]
         self.model_in_flight = [[[] for _ in replicas] for replicas in self.model_actors]
         self.failures = FailureStreak(config.max_failed_steps)
@@ -182,6 +189,17 @@ class RewardPool:
             saved = state.get("models", {}).get(name, empty_model)
             get_within([replica.load_state_dict.remote(saved if i == 0 else empty_model)
                         for i, replica in enumerate(replicas)], STATE_TIMEOUT_S, f"reward model {name!r} load_state_dict")
+
+    def offload(self) -> int:
+        """The shared replicas give their devices up (a classifier's weights to host memory, a judge's
+        engine asleep) while the trainer runs; returns the bytes moved. No-op without such replicas."""
+        return sum(get_within([replica.offload.remote() for replica in self.shared_replicas], self.move_timeout_s,
+                              "reward models' offload"))
+
+    def onload(self) -> int:
+        """The shared replicas take their devices back, before the next rollout (`offload`'s inverse)."""
+        return sum(get_within([replica.onload.remote() for replica in self.shared_replicas], self.move_timeout_s,
+                              "reward models' onload"))
 
     def check_step(self, num_samples: int, num_score_errors: int, first_score_error: str | None) -> None:
         """Count one training step's scoring outcome (the buffer's summary of the batch: no Group
