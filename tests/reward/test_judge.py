@@ -21,6 +21,13 @@ USER_VERDICTS = textwrap.dedent(
 
     def text(output):
         return "7"
+
+    def numpy_count(output):
+        import numpy
+        return numpy.int64(len(output))
+
+    def yes(output):
+        return True
     """
 )
 
@@ -46,6 +53,8 @@ def test_a_user_verdict_must_return_a_finite_number(tmp_path):
     assert verdict_parser(f"{path}:length")("abc") == 3.0
     wrong = read_verdict(verdict_parser(f"{path}:text"), "whatever")
     assert wrong.value is None and "returned '7', not a finite number" in wrong.error
+    assert verdict_parser(f"{path}:numpy_count")("abcd") == 4.0  # numpy's numbers are numbers
+    assert "returned True, not a finite number" in read_verdict(verdict_parser(f"{path}:yes"), "x").error
     with pytest.raises(Exception, match="nothing_here"):
         verdict_parser(f"{path}:nothing_here")
 

@@ -18,6 +18,7 @@ sample scores 0 with `score_error` naming it and holding the judge's output; the
 from __future__ import annotations
 
 import math
+import numbers
 import re
 import time
 from collections.abc import Callable
@@ -66,7 +67,8 @@ def verdict_parser(spec: str) -> Callable[[str], float]:
 
     def parse_with_user_function(output: str) -> float:
         value = function(output)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        # Any real number (numpy's too), but not a bool: True is no rating.
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
             raise ValueError(f"verdict function {spec} returned {value!r}, not a finite number")
         return float(value)
 

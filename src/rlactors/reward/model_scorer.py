@@ -34,6 +34,7 @@ from rlactors.reward.parts import COUNTERS as PART_COUNTERS
 from rlactors.reward.parts import Verdict, part_metrics, samples_to_score, with_parts
 from rlactors.reward.scorer import saved_counters
 from rlactors.runtime.calls import error_text, get_within
+from rlactors.runtime.device import detect_platform
 from rlactors.types import Group
 
 __all__ = ["RewardModelScorer", "classifier_text", "classifier_token_ids", "located", "score_sequences"]
@@ -124,7 +125,7 @@ def load_classifier(config: RewardModelConfig):
         model.config.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token_id = model.config.pad_token_id
-    device = "cuda" if torch.cuda.is_available() else "cpu"  # ROCm's torch names its GPUs cuda too
+    device = "cpu" if detect_platform() == "cpu" else "cuda"  # ROCm's torch names its GPUs cuda too
     return model.to(device).eval(), tokenizer
 
 
