@@ -129,7 +129,7 @@ def main() -> None:
     parser.add_argument("--num-groups", type=int, default=32)
     parser.add_argument("--response-tokens", type=int, default=96)
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--num-steps", type=int, default=4)
     parser.add_argument("--no-step", action="store_true", help="only the throughput comparison")
     args = parser.parse_args()
