@@ -71,9 +71,10 @@ def pair_accuracy(model_path: str, pairs: list[PreferencePair], config: RewardTr
     model, tokenizer = load_classifier(RewardModelConfig(name="trained", path=model_path))
     results, _ = score_sequences(model, tokenizer, pair_texts(pairs, tokenizer, config.input_format),
                                  batch_size=32, max_tokens=config.max_tokens)
-    failed = [pairs[i // 2].pair_id for i, (score, _) in enumerate(results) if score is None]
+    failed = [(pairs[i // 2].pair_id, error) for i, (score, error) in enumerate(results) if score is None]
     if failed:
-        raise RuntimeError(f"held-out pairs the trained model could not score: {failed[:5]}: {results[0][1]}")
+        raise RuntimeError(f"{len(failed)} held-out texts the trained model could not score, the first of pair "
+                           f"{failed[0][0]!r}: {failed[0][1]}")
     margins = torch.tensor([results[i][0] - results[i + 1][0] for i in range(0, len(results), 2)])
     return {"val/preference_accuracy": float((margins > 0).float().mean()),
             "val/score_margin": float(margins.mean())}
