@@ -29,6 +29,7 @@ from rlactors.models.folders import (
     is_model_folder,
     load_model,
     load_tokenizer,
+    padding_token_id,
     tiny_model_config,
 )
 
@@ -55,5 +56,6 @@ __all__ = [
     "is_model_folder",
     "load_model",
     "load_tokenizer",
+    "padding_token_id",
     "tiny_model_config",
 ]

@@ -210,6 +210,12 @@ def load_tokenizer(path: str | Path):
     return AutoTokenizer.from_pretrained(str(path))
 
 
+def padding_token_id(tokenizer) -> int | None:
+    """The id a padded batch fills with: the tokenizer's pad token, else its end-of-sequence token.
+    A sequence classifier reads each row's score at its last token that is not this one."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
 def load_model(path: str | Path, dtype=None, device: str | None = None):
     """Load a causal LM from a local folder (no hub access)."""
     import torch

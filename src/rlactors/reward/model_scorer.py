@@ -113,7 +113,7 @@ def load_classifier(config: RewardModelConfig):
     import torch
     from transformers import AutoModelForSequenceClassification
 
-    from rlactors.models import load_tokenizer
+    from rlactors.models import load_tokenizer, padding_token_id
 
     tokenizer = load_tokenizer(config.path)
     model = AutoModelForSequenceClassification.from_pretrained(config.path, dtype=getattr(torch, config.dtype),
@@ -122,7 +122,7 @@ def load_classifier(config: RewardModelConfig):
         raise ValueError(f"reward model {config.name!r} at {config.path}: a classifier with one label is needed, "
                          f"it has {model.config.num_labels}")
     if model.config.pad_token_id is None:  # batches are padded: the model must find each sequence's last token
-        model.config.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        model.config.pad_token_id = padding_token_id(tokenizer)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token_id = model.config.pad_token_id
     device = "cpu" if detect_platform() == "cpu" else "cuda"  # ROCm's torch names its GPUs cuda too

@@ -90,10 +90,9 @@ def load_role_model(path: str, role: str, seed: int) -> torch.nn.Module:
     if role == "reward_model":
         config = AutoConfig.from_pretrained(path, num_labels=1, local_files_only=True)
         if config.pad_token_id is None:
-            from rlactors.models import load_tokenizer
+            from rlactors.models import load_tokenizer, padding_token_id
 
-            tokenizer = load_tokenizer(path)
-            config.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+            config.pad_token_id = padding_token_id(load_tokenizer(path))
         with new_head_expected():
             return AutoModelForSequenceClassification.from_pretrained(path, config=config, **kwargs)
     return AutoModelForCausalLM.from_pretrained(path, **kwargs)
