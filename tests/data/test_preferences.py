@@ -38,7 +38,7 @@ def test_parquet_and_json_lines_read_alike_with_ids_named_or_derived(tmp_path):
 def test_a_bad_row_names_its_file_row_and_field(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"prompt": "1+1=", "chosen": "2", "rejected": "x"}\n{"prompt": "1+2=", "chosen": "3"}\n')
-    with pytest.raises(DataError, match=r"bad.jsonl: row 1, field 'rejected': Field required"):
+    with pytest.raises(DataError, match=r"bad.jsonl: row 1: column rejected: Field required"):
         read_preference_pairs(path)
     path.write_text('{"prompt": "1+1=", "chosen": "2", "rejected": "x"}\nnot json\n')
     with pytest.raises(DataError, match="bad.jsonl: line 2 is not JSON"):

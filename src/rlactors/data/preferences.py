@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rlactors.data.prompts import DataError
+from rlactors.data.prompts import DataError, row_error
 from rlactors.data.synthetic import arithmetic_rows
 
 # Characters of a synthetic response that are not digits: every other ASCII character (control
@@ -52,9 +52,7 @@ def validate_pairs(records: list[dict], source: str) -> list[PreferencePair]:
         try:
             pairs.append(PreferencePair.model_validate(record))
         except ValidationError as error:
-            problem = error.errors()[0]
-            field = ".".join(str(part) for part in problem["loc"]) or "row"
-            raise DataError(f"{source}: row {index}, field {field!r}: {problem['msg']}") from None
+            raise DataError(row_error(source, index, error)) from None
     if not pairs:
         raise DataError(f"{source}: no preference pairs")
     return pairs

@@ -84,6 +84,16 @@ class PromptRow(BaseModel):
         return self.model_dump(mode="python", exclude_none=True)
 
 
+def row_error(source: str, index: int, error: ValidationError) -> str:
+    """What a row that fails validation is refused with: file, row, the first bad column and why."""
+    first = error.errors()[0]
+    column = ".".join(str(part) for part in first["loc"]) or "?"
+    message = f"{source}: row {index}: column {column}: {first['msg']}"
+    if len(error.errors()) > 1:
+        message += f" (and {len(error.errors()) - 1} more problems in this row)"
+    return message
+
+
 def validate_rows(records: list[dict], source: str, skip_bad_rows: bool = False) -> tuple[list[PromptRow], list[str]]:
     """Validate raw records; returns (rows, error messages of skipped rows)."""
     rows, errors, seen = [], [], {}
@@ -100,11 +110,7 @@ def validate_rows(records: list[dict], source: str, skip_bad_rows: bool = False)
                     f"(also row {seen[row.prompt_id]}); (data_source, split, index) must be unique"
                 )
         except ValidationError as error:
-            first = error.errors()[0]
-            column = ".".join(str(part) for part in first["loc"]) or "?"
-            message = f"{source}: row {index}: column {column}: {first['msg']}"
-            if len(error.errors()) > 1:
-                message += f" (and {len(error.errors()) - 1} more problems in this row)"
+            message = row_error(source, index, error)
             if not skip_bad_rows:
                 raise DataError(message) from None
             errors.append(message)
