@@ -401,6 +401,10 @@ class BufferCore:
             "num_groups_ahead": self.num_groups_ahead(),
             "num_unfinished": self.num_unfinished,
             "num_log_rows_waiting": self.log.num_pending_rows(),
+            # Groups put so far (any outcome): a count that stands still says no producer is delivering.
+            "num_put": sum(self.counters[f"num_put_{outcome}"] for outcome in PUT_OUTCOMES),
+            "num_put_since_batch": self.num_put_since_batch,
+            **{f"num_dropped_since_batch_{kind}": self.drops_since_batch[kind] for kind in DROP_KINDS},
             "staleness_mean": staleness_sum / num_trained if num_trained else 0.0,
             "staleness_max": max(self.trained_staleness, default=0),
         }

@@ -384,6 +384,13 @@ class PipelineConfig(Section):
         120.0, gt=0, description="Most seconds to wait for the run's placement groups (its devices and CPUs) "
         "before failing with the resources that are missing.",
     )
+    batch_timeout_s: float | None = Field(
+        None, gt=0, description="Async mode: most seconds the trainer waits for its next batch while no group reaches "
+        "the replay buffer (kept or dropped); past it the run stops, saying what the producer, the buffer and each "
+        "rollout replica were doing. null: rollout.stall_timeout_s + rollout.health_timeout_s + "
+        "rollout.start_timeout_s + the scoring of one group (reward.timeout_s per sample): a hung engine found, "
+        "restarted, and a group scored.",
+    )
     resume: str = Field("auto", description="'auto' (latest checkpoint in output_dir if any), 'never', or a checkpoint path.")
     on_damaged_checkpoint: Literal["stop", "previous"] = Field(
         "stop", description="When the checkpoint a resume would load is damaged (a file missing, truncated or changed "

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from rlactors.buffer.client import BUFFER_TIMEOUT_S
-from rlactors.buffer.records import SampledBatchRef
+from rlactors.buffer.records import PUT_OUTCOMES, SampledBatchRef
 from rlactors.config import Config
 from rlactors.metrics import MetricsLogger, plot_metrics
 from rlactors.pipelines.build import Run, requests_for
@@ -66,16 +66,17 @@ def produce(run: Run, max_groups: int, producer_id: str = "driver", timeout_s: f
     requests = run.buffer.reserve(max_groups, producer_id, timeout_s)
     if not requests:  # None under backpressure: the producers are as far ahead as the staleness bound allows
         return 0
-    return generate_and_put(run, requests)
+    return sum(generate_and_put(run, requests).values())
 
 
-def generate_and_put(run: Run, requests: list[PromptRequest]) -> int:
+def generate_and_put(run: Run, requests: list[PromptRequest]) -> dict[str, int]:
     """Generate the reserved `requests`, score each group as it arrives and put it in the buffer;
-    returns once every put landed. Returns the number of groups."""
+    returns once every put landed. Returns how many groups the buffer kept, dropped (by why) and
+    ignored as superseded (`BufferCore.put`'s outcomes, summed over the groups)."""
     puts = run.buffer.put_refs([run.reward.score(group_ref) for _, group_ref in run.router.generate_refs(requests)])
     num_samples = run.config.rollout.sampling.num_samples_per_prompt
-    get_within(puts, scoring_bound_s(run.config, len(puts), num_samples), "replay_buffer.put of scored groups")
-    return len(requests)
+    answers = get_within(puts, scoring_bound_s(run.config, len(puts), num_samples), "replay_buffer.put of scored groups")
+    return {outcome: sum(answer[outcome] for answer in answers) for outcome in PUT_OUTCOMES}
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,10 +1,15 @@
 """Fully-async driver: the rollout side generates continuously into the replay buffer while the
 trainer consumes batches as soon as they are ready, on separate devices.
 
-Staleness is bounded twice. The producer generates at most `capacity_groups` (= (1 +
-staleness_threshold) x batch_size_prompts x trigger_parameter_sync_step) groups per published
-policy version, as veRL's rollouter does; and the buffer never hands out a group older than
-`max_staleness` versions (stale ones are evicted and their prompts re-issued, or dropped).
+Staleness is bounded twice. The producer generates until the buffer has kept `capacity_groups`
+(= (1 + staleness_threshold) x batch_size_prompts x trigger_parameter_sync_step) groups since the
+last published policy version, as veRL's rollouter does (dropped groups, which no batch trains, do
+not count); and the buffer never hands out a group older than `max_staleness` versions (stale ones
+are evicted and their prompts re-issued, or dropped).
+
+Nothing waits forever: the trainer's wait for a batch ends once no group has reached the buffer
+for `pipeline.batch_timeout_s` (`next_batch`), with what the producer, the buffer and each
+rollout replica were doing; the router finds a hung engine on its own (`rlactors.rollout.watchdog`).
 Weights are published every `trigger_parameter_sync_step` updates; with `rollout.partial_rollout`
 the engines interrupt in-flight responses at the sync and continue them with the new weights.
 With max_staleness=0, staleness_threshold=0 and trigger 1 this trains exactly like colocated.
@@ -27,7 +32,7 @@ from __future__ import annotations
 import threading
 import time
 
-from rlactors.buffer.records import capacity_groups
+from rlactors.buffer.records import DROP_KINDS, capacity_groups
 from rlactors.config import Config
 from rlactors.pipelines.build import Run, build_run
 from rlactors.pipelines.common import (
@@ -45,8 +50,16 @@ from rlactors.runtime.state_clock import StateClock
 
 
 class Producer(threading.Thread):
-    """Driver-side rollout loop: reserve -> generate -> score -> put, at most `quota` groups per
-    published policy version. Errors are kept in `error` for the trainer loop to raise.
+    """Driver-side rollout loop: reserve -> generate -> score -> put, until the buffer has kept
+    `quota` groups generated since the last published policy version. Errors are kept in `error`
+    for the trainer loop to raise.
+
+    Only kept groups count against the quota: a group the buffer drops (zero variance under dynamic
+    sampling, a rollout error, too stale) takes no room in a batch, and counting it would leave the
+    producer waiting for a publish that waits for the batch those groups did not fill (a deadlock
+    whenever more than quota - groups per sync of them are dropped). The buffer's own bounds still
+    hold: its backpressure (the same quota of groups not yet trained) and dynamic sampling's
+    `max_generation_rounds`, which ends a window of dropped groups with a short batch or an error.
 
     Where the rollout side's time goes, for the step metrics (`time_metrics`): this thread is
     `blocked` while the staleness bound (the quota, the buffer's backpressure) lets it reserve
@@ -68,6 +81,10 @@ class Producer(threading.Thread):
         self.clock = StateClock(("working", "blocked"), "working")
         self.engine_time_s: dict[str, float] = {}  # the engines' clocks as last read (this thread writes it)
         self._reported: dict[str, float] = {}  # what `time_metrics` last reported (the trainer thread's)
+        # What this thread is doing, for `describe` (written here, read by the trainer thread).
+        self.version = run.policy_version  # the published version whose quota is being filled
+        self.num_kept = 0  # groups kept by the buffer, generated since `version` was published
+        self.num_in_flight = 0  # groups reserved and not yet put back
 
     def start(self) -> None:
         self.engine_time_s = self.run_state.router.time_s()
@@ -81,13 +98,13 @@ class Producer(threading.Thread):
             self.published.notify_all()
 
     def run(self) -> None:
-        run, version, produced = self.run_state, self.published_version, 0
+        run = self.run_state
         try:
             while not self.stopping.is_set():
                 with self.published:
-                    if self.published_version != version:
-                        version, produced = self.published_version, 0
-                    if produced >= self.quota:
+                    if self.published_version != self.version:
+                        self.version, self.num_kept = self.published_version, 0
+                    if self.num_kept >= self.quota:
                         self.clock.switch("blocked")
                         self.published.wait(timeout=0.5)
                         continue
@@ -96,13 +113,29 @@ class Producer(threading.Thread):
                 if pending < self.batch_size:
                     feed_prompts(run, self.batch_size - pending)  # cursor and buffer move together (its lock)
                 self.clock.switch("blocked")
-                requests = run.buffer.reserve(min(self.batch_size, self.quota - produced), "producer", timeout_s=0.5)
+                requests = run.buffer.reserve(min(self.batch_size, self.quota - self.num_kept), "producer",
+                                              timeout_s=0.5)
                 self.clock.switch("working")
                 if requests:  # None under backpressure (the buffer is full): look at `stopping` and try again
-                    produced += generate_and_put(run, requests)
+                    self.num_in_flight = len(requests)
+                    self.num_kept += generate_and_put(run, requests)["kept"]
+                    self.num_in_flight = 0
                 self.engine_time_s = run.router.time_s()
         except BaseException as error:  # noqa: BLE001 - surfaced by the trainer loop
             self.error = error
+
+    def describe(self) -> str:
+        """What this thread is doing, in words (for an error that says why no batch came)."""
+        if not self.is_alive():
+            return "the producer thread has ended" + (f" with {self.error!r}" if self.error else "")
+        if self.num_in_flight:
+            doing = f"generating {self.num_in_flight} group(s)"
+        elif self.num_kept >= self.quota:
+            doing = "waiting for a publish (its quota is used)"
+        else:
+            doing = f"waiting to reserve prompts (the buffer's backpressure), {self.clock.state}"
+        return (f"{doing}; {self.num_kept} of its quota of {self.quota} kept group(s) used since policy_version "
+                f"{self.version} was published")
 
     def time_metrics(self) -> dict[str, float]:
         """Seconds since the last call (the trainer loop calls it once a step): the engines
@@ -116,14 +149,49 @@ class Producer(threading.Thread):
         return metrics
 
 
-def next_batch(run: Run, producer: Producer):
-    """Wait for a full batch, watching the producer's health."""
+def batch_timeout_s(config: Config) -> float:
+    """`pipeline.batch_timeout_s`, or by default the longest a healthy rollout side can go without a
+    group reaching the buffer: a hung engine found by the router's watchdog, restarted, and a
+    group scored with every sample running into the reward's time limit."""
+    if config.pipeline.batch_timeout_s is not None:
+        return config.pipeline.batch_timeout_s
+    rollout = config.rollout
+    return (rollout.stall_timeout_s + rollout.health_timeout_s + rollout.start_timeout_s
+            + rollout.sampling.num_samples_per_prompt * config.reward.timeout_s)
+
+
+def next_batch(run: Run, producer: Producer, timeout_s: float | None = None):
+    """Wait for a full batch, watching the producer's health. The wait is bounded by progress:
+    it raises once no group has reached the buffer (kept or dropped) for `timeout_s` (default
+    `batch_timeout_s(run.config)`), saying what the producer and the buffer were doing."""
+    timeout_s = batch_timeout_s(run.config) if timeout_s is None else timeout_s
+    num_put, since = None, time.monotonic()
     while True:
         if producer.error is not None:
             raise RuntimeError("the rollout producer failed") from producer.error
         sampled = run.buffer.sample(run.config.pipeline.batch_size_prompts, run.policy_version, timeout_s=1.0)
         if sampled is not None:
             return sampled
+        metrics = run.buffer.metrics()
+        if metrics["num_put"] != num_put:
+            num_put, since = metrics["num_put"], time.monotonic()
+        elif time.monotonic() - since >= timeout_s:
+            raise TimeoutError(no_batch_message(run, producer, metrics, timeout_s))
+
+
+def no_batch_message(run: Run, producer: Producer, buffer: dict[str, float], timeout_s: float) -> str:
+    """Why the trainer got no batch: the producer's state, the buffer's counts since the last batch,
+    and each rollout replica's."""
+    batch_size = run.config.pipeline.batch_size_prompts
+    dropped = ", ".join(f"{kind} {int(buffer[f'num_dropped_since_batch_{kind}'])}" for kind in DROP_KINDS)
+    replicas = "; ".join(f"replica {h['replica']} {h['state']}" + (f" ({h['last_error']})" if h.get("last_error") else "")
+                         for h in run.router.health())
+    return (f"no batch of {batch_size} group(s) for policy_version {run.policy_version}: no group reached the replay "
+            f"buffer for {timeout_s:g} s (pipeline.batch_timeout_s). Producer: {producer.describe()}. Buffer since "
+            f"the last batch: {int(buffer['num_put_since_batch'])} group(s) put, {int(buffer['num_queued'])} queued "
+            f"(kept), dropped: {dropped}; {int(buffer['num_reserved_open'])} reserved (in flight), "
+            f"{int(buffer['num_pending'])} pending, {int(buffer['num_groups_ahead'])} of its capacity of "
+            f"{int(buffer['capacity_groups'])} not yet trained. Rollout: {replicas}.")
 
 
 def run_fully_async(config: Config, model_path: str | None = None,
