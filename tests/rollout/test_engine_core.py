@@ -62,7 +62,7 @@ def test_vllm_calls_stop_vllm_only_once_no_call_awaits_an_answer_and_continue_it
     events = []
     monkeypatch.setattr(engine_core, "Suspension", lambda: SimpleNamespace(suspend=lambda: events.append("stop"),
                                                                           resume=lambda: events.append("continue")))
-    calls = engine_core.VllmCalls(SimpleNamespace(errored=False), "cpu", error_file="")
+    calls = engine_core.VllmCalls(SimpleNamespace(errored=False), "cpu", error_file="", hang_timeout_s=lambda: 60.0)
 
     async def scenario():
         answer = asyncio.get_running_loop().create_future()
@@ -105,3 +105,46 @@ def test_suspension_returns_once_every_process_is_stopped_and_resume_continues_t
         for process in (child, neighbour):
             process.kill()
             process.wait()
+
+
+def test_a_core_that_stops_answering_fails_the_calls_waiting_on_it_and_one_that_answers_again_does_not(monkeypatch):
+    """The heartbeat over a stand-in core whose answers can be held back: a slow call into a core
+    that answers its heartbeat completes; once the core answers nothing for the limit, a waiting
+    call raises EngineDeadError saying it is hung, and so does `hung_error` (what health() reports);
+    a core stopped on purpose (asleep on CPU) is never asked, so never counts as silent."""
+    monkeypatch.setattr(engine_core, "HEARTBEAT_INTERVAL_S", 0.01)
+    monkeypatch.setattr(engine_core, "DEATH_POLL_S", 0.01)
+
+    async def scenario():
+        answering = asyncio.Event()
+        answering.set()
+
+        async def is_sleeping():
+            await answering.wait()
+            return False
+
+        calls = engine_core.VllmCalls(SimpleNamespace(errored=False, is_sleeping=is_sleeping), "cuda", "", lambda: 0.3)
+        assert await calls("slow", asyncio.sleep(0.6, "done")) == "done"  # twice the limit, the core answering
+        assert calls.hung_error("health") is None
+
+        answering.clear()  # the core stops answering (a stopped process, a hung collective)
+        started = time.monotonic()
+        with pytest.raises(engine_core.engine_dead_error_class()) as raised:
+            await calls("start_weight_update", asyncio.get_running_loop().create_future())
+        assert 0.3 <= time.monotonic() - started < 5.0
+        assert "start_weight_update" in str(raised.value) and "hung: it answered nothing for" in str(raised.value)
+        assert "rollout.health_timeout_s=0.3" in str(raised.value)
+        assert "hung" in str(calls.hung_error("health"))
+
+        answering.set()  # it answers again: no longer silent
+        await asyncio.sleep(0.05)
+        assert calls.core_silent_s() < 0.05 and calls.hung_error("health") is None
+
+        calls._suspension.processes = ["stopped on purpose"]  # as `suspend_when_idle` leaves it
+        answering.clear()
+        await asyncio.sleep(0.5)
+        assert calls.core_silent_s() == 0.0 and calls.hung_error("health") is None
+        calls._suspension.processes = []
+        answering.set()
+
+    asyncio.run(scenario())

@@ -150,7 +150,7 @@ class RolloutEngine:
                 except RuntimeError as error:
                     self.start_error = str(error)
                     raise
-                self._vllm = VllmCalls(self.llm, self.platform, self.error_file)
+                self._vllm = VllmCalls(self.llm, self.platform, self.error_file, lambda: self.config.health_timeout_s)
                 self.vocab_size = self.llm.model_config.get_vocab_size()
                 self.progress = count_progress(self.llm)
                 await self._vllm("ready", self.llm.update_weight_version(str(self.policy_version)))
@@ -161,12 +161,17 @@ class RolloutEngine:
         return self.health()
 
     def health(self) -> dict:
-        """Answers at once, also mid-generate or mid-update (a liveness probe); `error` says why not healthy."""
+        """Answers at once, also mid-generate or mid-update (a liveness probe); `error` says why not
+        healthy: vLLM failed to start, its engine core died, or it is hung (`VllmCalls.hung_error`)."""
         errored = self.llm is not None and self.llm.errored
+        hung = self._vllm.hung_error("health") if self._vllm is not None and not errored else None
         return {
             "started": self.llm is not None,
-            "healthy": self.llm is not None and not errored,
-            "error": self.start_error or (dead_detail(self.llm, self.error_file) if errored else None),
+            "healthy": self.llm is not None and not errored and hung is None,
+            "error": self.start_error or (dead_detail(self.llm, self.error_file) if errored else None)
+            or (str(hung) if hung is not None else None),
+            # Seconds the engine core has left a heartbeat unanswered (rlactors.rollout.engine_core).
+            "core_silent_s": self._vllm.core_silent_s() if self._vllm is not None else 0.0,
             "policy_version": self.policy_version,
             "asleep": self.asleep,
             "weights_mixed": self.weights_mixed,

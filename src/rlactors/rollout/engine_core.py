@@ -4,7 +4,7 @@ the calls into them, and their memory.
     error_file = prepare_environment(platform, config)       # in the actor, before vLLM is imported
     llm, front_end_cpu_cores = start_vllm(model_path, config, platform, dtype, seed, error_file)
     await until_dead(llm, llm.collective_rpc(...), lambda: dead_error(llm, "a weight update", error_file))
-    vllm = VllmCalls(llm, platform, error_file)              # the engine's calls go through this:
+    vllm = VllmCalls(llm, platform, error_file, lambda: 60.0) # the engine's calls go through this:
     await vllm("sleep", llm.sleep(level=1))                  # `until_dead`, and ...
     vllm.suspend_when_idle()                                 # ... on CPU, vLLM stopped while it sleeps
 
@@ -16,8 +16,11 @@ vLLM's engine core can die under a running front end (SIGKILL, the OOM killer, a
 Then `AsyncLLM` fails new calls with `EngineDeadError`, but a call already waiting on the engine
 core (a `collective_rpc`, `pause_generation`, `sleep`) is never answered: `until_dead` ends such a
 wait. Either way the engine raises this module's `EngineDeadError` (a subclass of vLLM's, same
-name) saying what failed, how the engine core ended and what vLLM recorded last. The router
-restarts a replica whose call fails with `EngineDeadError`.
+name) saying what failed, how the engine core ended and what vLLM recorded last. A core that
+lives but stops answering (a hung kernel or collective, a stopped process) is told by a heartbeat
+(`VllmCalls`): past `rollout.health_timeout_s` without an answer, calls raise the same error and
+`health()` says the engine is not healthy. The router restarts a replica whose call fails with
+`EngineDeadError`, or whose `health()` says so.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ logger = logging.getLogger(__name__)
 
 DEATH_POLL_S = 0.25  # how often a wait on the engine core checks that it still lives; vLLM notices within ~1 s
 MEMORY_RPC_TIMEOUT_S = 30.0  # a memory reading is a few calls in the worker; past this the engine is stuck
+HEARTBEAT_INTERVAL_S = 1.0  # how often the engine core is asked to answer (`VllmCalls`)
 STOP_TIMEOUT_S = 2.0  # a SIGSTOPped process stops once it runs again; on 2 busy cores that takes milliseconds
 
 
@@ -187,10 +191,12 @@ def engine_core_exit(llm) -> str:
     return f" (exit code {code}{name})"
 
 
-async def until_dead(llm, awaitable: Awaitable, on_dead: Callable[[], Exception]):
+async def until_dead(llm, awaitable: Awaitable, on_dead: Callable[[], Exception],
+                     hung: Callable[[], Exception | None] = lambda: None):
     """Await `awaitable` (a call into vLLM's engine core), or raise `on_dead()` once the engine core
     is dead: vLLM never answers a call that was waiting when its engine core died. A call that
-    fails because the engine core died also raises `on_dead()`."""
+    fails because the engine core died also raises `on_dead()`. `hung()` is asked as often: the
+    error it returns (the core stopped answering, `VllmCalls.hung_error`) is raised the same way."""
     if llm.errored:
         raise on_dead()
     task = asyncio.ensure_future(awaitable)
@@ -201,6 +207,8 @@ async def until_dead(llm, awaitable: Awaitable, on_dead: Callable[[], Exception]
                 break
             if llm.errored:
                 raise on_dead()
+            if (error := hung()) is not None:
+                raise error
     finally:
         if not task.done():
             task.cancel()
@@ -260,7 +268,8 @@ class Suspension:
     them; a SIGKILL of the actor kills them stopped (their parent-death signal is SIGKILL)."""
 
     def __init__(self):
-        self.processes: list = []
+        self.processes: list = []  # stopped now (empty: vLLM runs)
+        self.resumed_at = 0.0  # time.monotonic() of the last resume: a stopped core answered nothing before it
         atexit.register(self.resume)
 
     def suspend(self) -> None:
@@ -287,6 +296,8 @@ class Suspension:
         import psutil
 
         processes, self.processes = self.processes, []
+        if processes:
+            self.resumed_at = time.monotonic()
         for process in processes:
             try:
                 process.resume()
@@ -306,27 +317,71 @@ def stopped(process) -> bool:
 
 class VllmCalls:
     """The engine actor's calls into vLLM's engine core, `await vllm(what, call)`: each ends with an
-    EngineDeadError naming `what` if the core dies first (`until_dead`). On CPU, vLLM's processes
-    can be stopped while the engine sleeps (`suspend_when_idle`): never while a call awaits an answer,
-    and continued before the next call, which also cancels a stop still to come."""
+    EngineDeadError naming `what` if the core dies first (`until_dead`), or stops answering for
+    `hang_timeout_s()` seconds (`hung_error`). On CPU, vLLM's processes can be stopped while the
+    engine sleeps (`suspend_when_idle`): never while a call awaits an answer, and continued before
+    the next call, which also cancels a stop still to come.
 
-    def __init__(self, llm, platform: str, error_file: str):
+    Whether the core still answers: a heartbeat asks it a question it answers between two engine
+    steps (`is_sleeping`), one at a time, every HEARTBEAT_INTERVAL_S while vLLM runs. A core that
+    stalls (a hung kernel or collective, a stopped process) answers none, though the actor around it
+    answers everything; a busy one answers at its next step (milliseconds to seconds). While vLLM is
+    stopped on purpose no question is asked, and none counts as unanswered."""
+
+    def __init__(self, llm, platform: str, error_file: str, hang_timeout_s: Callable[[], float]):
         self.llm = llm
         self.platform = platform
         self.error_file = error_file
+        self.hang_timeout_s = hang_timeout_s  # read at each look: a run may change it (`new_run`)
         self._suspension = Suspension()
         self._num_calls = 0  # awaiting an answer: vLLM is never stopped mid-call
         self._suspend_when_idle = False  # asleep with calls in flight: stop vLLM once the last returns
+        self._asked_at: float | None = None  # time.monotonic() the heartbeat's question in flight was sent
+        self._heartbeat: asyncio.Task | None = None  # started by the first call, in the actor's event loop
 
     async def __call__(self, what: str, call: Awaitable):
+        if self._heartbeat is None:
+            self._heartbeat = asyncio.ensure_future(self._beat())
         self._suspension.resume()
         self._suspend_when_idle = False  # a new call: the engine is in use again until the next sleep
         self._num_calls += 1
         try:
-            return await until_dead(self.llm, call, lambda: dead_error(self.llm, what, self.error_file))
+            return await until_dead(self.llm, call, lambda: dead_error(self.llm, what, self.error_file),
+                                    lambda: self.hung_error(what))
         finally:
             self._num_calls -= 1
             self._suspend_if_idle()
+
+    async def _beat(self) -> None:
+        while not self.llm.errored:
+            await asyncio.sleep(HEARTBEAT_INTERVAL_S)
+            if self._suspension.processes:
+                continue
+            self._asked_at = time.monotonic()
+            try:
+                await self.llm.is_sleeping()
+            except Exception:  # noqa: BLE001 - the core died: `llm.errored` says so, and every call raises
+                return
+            finally:
+                self._asked_at = None
+
+    def core_silent_s(self) -> float:
+        """Seconds the engine core has left the heartbeat's question unanswered (0: answered, or
+        vLLM stopped on purpose; time stopped before a resume does not count)."""
+        asked_at = self._asked_at
+        if asked_at is None or self._suspension.processes:
+            return 0.0
+        return time.monotonic() - max(asked_at, self._suspension.resumed_at)
+
+    def hung_error(self, what: str) -> Exception | None:
+        """An EngineDeadError naming `what` once the core has answered nothing for `hang_timeout_s()`
+        (the router restarts such a replica, as one whose core died), else None."""
+        silent_s, limit_s = self.core_silent_s(), self.hang_timeout_s()
+        if silent_s < limit_s:
+            return None
+        return engine_dead_error_class()(
+            f"{what}: rollout engine (pid {os.getpid()}): vLLM's engine core is hung: it answered nothing for "
+            f"{silent_s:.0f} s (rollout.health_timeout_s={limit_s:g})")
 
     def suspend_when_idle(self) -> None:
         """Stop vLLM's processes now, or once the calls awaiting an answer return; called by a sleep,

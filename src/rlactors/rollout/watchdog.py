@@ -2,7 +2,9 @@
 that hangs, among those whose streams have yielded nothing for `stall_timeout_s`.
 
 Such a quiet replica is asked `health()`. One that does not answer within `health_timeout_s` is
-hung (its actor is stuck); one that answers that its vLLM engine is dead is dead; one that answers
+hung (its actor is stuck); one that answers that its vLLM engine is dead, or hung (its engine core
+left a heartbeat unanswered for `health_timeout_s`: `rlactors.rollout.engine_core.VllmCalls`), is
+failed; one that answers
 while its engine core made no progress since an earlier probe, with samples in flight and nothing
 pausing them, is hung too (its actor answers, its core does not: `faults.engine_stalled`). The
 router kills each such replica (Ray restarts it) and re-sends its requests; any other answer means
@@ -58,7 +60,7 @@ class Watchdog:
                 if not (isinstance(answer, dict) and answer.get("healthy") is False) and not stalled:
                     self.last_progress[index] = now  # busy, not hung (a dead actor's streams fail on their own)
                     continue
-                reason = ("its vLLM engine is dead (health() says so while its streams are quiet)" if not stalled else
+                reason = (f"its vLLM engine is not healthy while its streams are quiet: {answer.get('error')}" if not stalled else
                           f"hung: its engine core made no progress for {now - self.counts[index][1]:.0f} s with "
                           f"{answer['num_in_flight_samples']} sample(s) in flight, though the actor answers health() "
                           "(rollout.stall_timeout_s)")
