@@ -126,6 +126,72 @@ def test_engine_sigkilled_mid_step_in_async_mode_with_partial_rollouts(ray_sessi
     assert_no_leftovers(before)
 
 
+def _stop_engine_core(router, stopped: list) -> None:
+    """SIGSTOP replica 0's vLLM engine-core process once it has samples in flight: its actor still
+    answers everything, its core nothing. Appends (pid, time.monotonic()) to `stopped`."""
+    import psutil
+    import ray
+
+    deadline = time.monotonic() + IN_FLIGHT_WAIT_S
+    while (health := ray.get(router.engines[0].health.remote(), timeout=60))["num_in_flight_samples"] == 0:
+        assert time.monotonic() < deadline, f"the engine had nothing in flight for {IN_FLIGHT_WAIT_S:g} s"
+        time.sleep(0.01)
+    (core,) = [p for p in psutil.Process(health["pid"]).children() if "EngineCore" in p.name()]
+    core.suspend()
+    stopped.append((core.pid, time.monotonic()))
+
+
+def test_engine_core_stopped_mid_step_in_async_mode_is_found_restarted_and_the_run_finishes(
+        ray_session, tmp_path, tiny_model_dir, monkeypatch):
+    """vLLM's engine core SIGSTOPped after the second weight sync, mid-generation (the actor around
+    it answers health() and every call): the core's silence is found within stall_timeout_s +
+    health_timeout_s, by the router's watchdog or by the next weight sync, whichever meets it first;
+    the replica is killed and restarted with the current weights, and the run trains all its steps,
+    each prompt once. (In make test: the engine's heartbeat over a silent stand-in core,
+    tests/rollout/test_engine_core.py; the watchdog's kill of an unhealthy replica,
+    tests/rollout/test_router.py.)"""
+    from rlactors.pipelines.fully_async import Producer
+    from rlactors.rollout.replicas import Replicas
+
+    routers = _capture_routers(monkeypatch)
+    on_published, mark_failed = Producer.on_published, Replicas.mark_failed
+    stopped, failed, stoppers = [], [], []
+
+    def on_published_then_core_stopped(producer, policy_version):
+        on_published(producer, policy_version)
+        if policy_version == 2:
+            stoppers.append(threading.Thread(target=_stop_engine_core, args=(routers[0], stopped)))
+            stoppers[-1].start()
+
+    def recording(replicas, index, reason, *args, **kwargs):
+        counted = mark_failed(replicas, index, reason, *args, **kwargs)
+        if counted:  # both threads may meet the failure; the router counts it once
+            failed.append((time.monotonic(), reason))
+        return counted
+
+    monkeypatch.setattr(Producer, "on_published", on_published_then_core_stopped)
+    monkeypatch.setattr(Replicas, "mark_failed", recording)
+    before = leftover_processes()
+    stall_timeout_s, health_timeout_s = 20.0, 10.0
+    config = _config(tmp_path, tiny_model_dir, "pipeline.mode=async", "pipeline.num_steps=4",
+                     f"rollout.stall_timeout_s={stall_timeout_s}", f"rollout.health_timeout_s={health_timeout_s}")
+    history = run_pipeline(config)
+    for stopper in stoppers:
+        stopper.join(timeout=IN_FLIGHT_WAIT_S)
+
+    assert stopped, "the engine core was never stopped"
+    (core_pid, stopped_at), router = stopped[0], routers[0]
+    print(f"engine core {core_pid} stopped; failures {failed}; replicas {router.health()}")
+    assert [h["step"] for h in history] == [0, 1, 2, 3, 4]
+    assert len(failed) == 1 and "hung" in failed[0][1], failed
+    # Found within the bound (plus the watchdog's and the heartbeat's polling, on a loaded machine).
+    assert failed[0][0] - stopped_at <= stall_timeout_s + health_timeout_s + 10.0, failed[0][0] - stopped_at
+    assert router.health()[0]["state"] == "healthy" and router.health()[0]["num_failures"] == 1, router.health()
+    counts = assert_each_prompt_once(checkpoint_ledger(config.pipeline.output_dir))
+    assert counts["trained"] == 4 * BATCH, counts
+    assert_no_leftovers(before)  # the stopped core went with its actor
+
+
 @pytest.mark.extended  # the router out of replicas, naming each: tests/rollout/test_router.py
 def test_the_only_engine_killed_twice_stops_the_run_naming_it(ray_session, tmp_path, tiny_model_dir, monkeypatch):
     """Killed once after it started (Ray restarts it; the first generation waits for it, or meets
