@@ -1,8 +1,7 @@
-"""Fully-async runs of the real stack that once stopped without a word: dynamic sampling with many
-flat groups, and a stalled engine core. Each rule is also tested below the whole stack in
-`make test`: the producer's quota and the trainer's bounded wait over the real buffer in
-tests/pipelines/test_producer.py, a stalled core found by the engine and the router in
-tests/rollout/test_engine_core.py."""
+"""A fully-async run of the real stack that once stopped without a word: dynamic sampling with
+many flat groups (a stalled engine core is in tests/chaos/test_engine_faults.py). In `make test`
+the same rule is tested below the whole stack: the producer's quota and the trainer's bounded wait
+over the real buffer, tests/pipelines/test_producer.py."""
 
 from __future__ import annotations
 
