@@ -65,3 +65,25 @@ def test_the_buffer_checkpoint_keeps_the_routing_bytes():
     table = pa.Table.from_pylist([_group_row(group, epoch=0, batch_id=1)], schema=GROUPS_SCHEMA)
     back = _group_from(table.to_pylist()[0]).samples[0]
     assert back.routed_experts == sample.routed_experts and back.routed_experts_shape == [4, 2, 2]
+
+
+def test_a_turn_requeued_from_position_0_takes_the_next_requests_routing_whole():
+    # A single response interrupted in its first request and requeued keeps no position of it.
+    sample = Sample("p", 0, [5, 6, 7])
+    routes.merge(sample, *_request_routes(0, 4))
+    routes.truncate(sample, 0)
+    routes.merge(sample, *_request_routes(100, 5))  # the requeued request, under new weights
+    again = routes.decode(sample.routed_experts, sample.routed_experts_shape)
+    assert again.dtype == np.uint8 and again.shape == (5, 2, 2)
+    assert np.array_equal(again, routes.decode(*_request_routes(100, 5)))
+
+
+def test_routing_of_no_positions_is_stored_as_none():
+    sample = Sample("p", 0, [5, 6, 7])
+    routes.merge(sample, *_request_routes(0, 4))
+    routes.truncate(sample, 0)
+    assert sample.routed_experts == b"" and sample.routed_experts_shape == []  # no stale [0, layers, top_k]
+    assert routes.as_tensor(sample, 3) is None
+    # A request that routed nothing (aborted before vLLM scheduled it) adds none either.
+    routes.merge(sample, b"", [0, 2, 2])
+    assert sample.routed_experts == b"" and sample.routed_experts_shape == []

@@ -42,21 +42,28 @@ def merge(sample: Sample, routes: bytes, shape: list[int]) -> None:
     generated, under the weights that generated them), the rest are appended."""
     new = decode(routes, shape)
     if not sample.routed_experts_shape:
-        sample.routed_experts, sample.routed_experts_shape = new.tobytes(), list(new.shape)
+        _store(sample, new)
         return
     old = decode(sample.routed_experts, sample.routed_experts_shape)
     if old.shape[1:] != new.shape[1:] or old.dtype != new.dtype:
         raise ValueError(f"prompt_id={sample.prompt_id!r} sample {sample.sample_index}: routing of shape "
                          f"{list(new.shape[1:])} ({new.dtype}) after {list(old.shape[1:])} ({old.dtype})")
-    joined = np.concatenate([old, new[len(old):]])
-    sample.routed_experts, sample.routed_experts_shape = joined.tobytes(), list(joined.shape)
+    _store(sample, np.concatenate([old, new[len(old):]]))
 
 
 def truncate(sample: Sample, num_positions: int) -> None:
     """Keep the routing of the first `num_positions` positions (a turn restarted from scratch)."""
     if sample.routed_experts_shape and sample.routed_experts_shape[0] > num_positions:
-        kept = decode(sample.routed_experts, sample.routed_experts_shape)[:num_positions]
-        sample.routed_experts, sample.routed_experts_shape = kept.tobytes(), list(kept.shape)
+        _store(sample, decode(sample.routed_experts, sample.routed_experts_shape)[:num_positions])
+
+
+def _store(sample: Sample, routing: np.ndarray) -> None:
+    """A routing of 0 positions is stored as none (b"", []), never as [0, layers, top_k]: its
+    bytes cannot tell its dtype or layers apart, so it would not match the next request's."""
+    if len(routing):
+        sample.routed_experts, sample.routed_experts_shape = routing.tobytes(), list(routing.shape)
+    else:
+        sample.routed_experts, sample.routed_experts_shape = b"", []
 
 
 def as_tensor(sample: Sample, num_positions: int):
