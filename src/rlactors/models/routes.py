@@ -46,8 +46,7 @@ def merge(sample: Sample, routes: bytes, shape: list[int]) -> None:
         return
     old = decode(sample.routed_experts, sample.routed_experts_shape)
     if old.shape[1:] != new.shape[1:] or old.dtype != new.dtype:
-        raise ValueError(f"prompt_id={sample.prompt_id!r} sample {sample.sample_index}: routing of shape "
-                         f"{list(new.shape[1:])} ({new.dtype}) after {list(old.shape[1:])} ({old.dtype})")
+        raise ValueError(f"routing of shape {list(new.shape[1:])} ({new.dtype}) after {list(old.shape[1:])} ({old.dtype})")
     _store(sample, np.concatenate([old, new[len(old):]]))
 
 

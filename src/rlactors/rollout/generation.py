@@ -28,7 +28,8 @@ Interruptions: a turn that a weight update or sleep aborts (`partial_rollout` on
 prompt + everything so far with the tokens it has left (`on_abort="resume"`), or its tokens are
 dropped and the turn starts again (`on_abort="requeue"`); earlier turns are never touched. A turn
 of a group the caller aborted (`abort(group_ids)`) ends "abort" and keeps its tokens. A request that
-fails ends its sample "error" (the batch goes on); a dead engine core raises out of the whole call.
+fails, or whose routing cannot be joined to its sample's (`take_routing`), ends its sample "error"
+(the batch goes on); a dead engine core raises out of the whole call.
 """
 
 from __future__ import annotations
@@ -182,8 +183,7 @@ async def generate_turn(call: GenerateCall, sample: Sample, request: PromptReque
             if isinstance(error, EngineDeadError):
                 # The actor is broken; the router restarts it and re-sends its requests.
                 raise dead_error(call.llm, "generate", call.error_file)  # noqa: B904
-            sample.error = (f"prompt_id={request.prompt_id!r} sample {sample.sample_index}: "
-                            f"{type(error).__name__}: {error}")
+            fail_sample(sample, f"{type(error).__name__}: {error}")
             return "error"
         finally:
             requests.in_flight.pop(request_id, None)
@@ -212,27 +212,41 @@ async def take_routing(call: GenerateCall, sample: Sample, request_id: str, comp
     """Add the experts the finished request `request_id` routed each position to to `sample`'s
     routing: vLLM's own record where it returns one (Model Runner V2, GPUs), else ours, kept in
     vLLM's worker (`rlactors.rollout.routing_capture`). False, with the sample's error set, when
-    the worker does not hand it over within `ROUTING_TIMEOUT_S`; a dead engine core raises as a
-    request does."""
+    the worker does not hand it over within `ROUTING_TIMEOUT_S` or it does not fit the sample's
+    (`add_routing`); a dead engine core raises as a request does."""
     import numpy as np
 
     recorded = getattr(completion, "routed_experts", None)
     if recorded is not None:  # [positions, layers, top_k] from position 0 (routed_experts_prompt_start)
         num_experts = call.llm.model_config.get_num_experts()
         recorded = np.ascontiguousarray(recorded, dtype=routes.routing_dtype(num_experts))
-        routes.merge(sample, recorded.tobytes(), list(recorded.shape))
-        return True
+        return add_routing(sample, request_id, (recorded.tobytes(), list(recorded.shape)))
     asked = asyncio.wait_for(call.llm.collective_rpc("rlactors_take_routing", args=([request_id],)), ROUTING_TIMEOUT_S)
     try:
         per_worker = await until_dead(call.llm, asked, lambda: dead_error(call.llm, "take_routing", call.error_file))
     except TimeoutError:
-        sample.error = (f"prompt_id={sample.prompt_id!r} sample {sample.sample_index}: vLLM's worker did not hand "
-                        f"over the routing of request {request_id!r} within {ROUTING_TIMEOUT_S:g} s")
+        fail_sample(sample, f"vLLM's worker did not hand over the routing of request {request_id!r} "
+                            f"within {ROUTING_TIMEOUT_S:g} s")
         return False
     taken = per_worker[0].get(request_id)  # tensor-parallel ranks route alike: the first one's
-    if taken is not None:
+    return taken is None or add_routing(sample, request_id, taken)
+
+
+def add_routing(sample: Sample, request_id: str, taken: tuple[bytes, list[int]]) -> bool:
+    """`routes.merge` one request's routing (bytes, shape) into `sample`'s; False, with the
+    sample's error set, where it does not fit what the sample has: that sample fails, not the
+    whole `generate` call."""
+    try:
         routes.merge(sample, *taken)
+    except ValueError as error:
+        fail_sample(sample, f"request {request_id!r}: {error}")
+        return False
     return True
+
+
+def fail_sample(sample: Sample, why: str) -> None:
+    """Record why `sample` failed, naming its prompt and index (the caller ends it "error")."""
+    sample.error = f"prompt_id={sample.prompt_id!r} sample {sample.sample_index}: {why}"
 
 
 @functools.cache
