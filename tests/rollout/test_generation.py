@@ -7,8 +7,9 @@ import asyncio
 
 import numpy as np
 
+from rlactors.config import RolloutConfig
 from rlactors.rollout.admission import AdmissionGate
-from rlactors.rollout.generation import Requests, add_routing
+from rlactors.rollout.generation import GenerateCall, Requests, add_routing, routing_source, take_routing
 from rlactors.types import Sample
 
 
@@ -55,3 +56,33 @@ def test_a_routing_that_does_not_fit_the_samples_fails_that_sample_alone_naming_
                             "routing of shape [3, 2] (uint8) after [2, 2] (uint8)")
     assert sample.routed_experts_shape == [4, 2, 2]  # what it had is kept
 
+
+def _output(token_ids: list[int], routed_experts=None):
+    """A finished vLLM request's output (vLLM's own dataclass), as interrupted."""
+    from vllm.outputs import CompletionOutput
+
+    return CompletionOutput(0, "", token_ids, None, None, routed_experts=routed_experts, finish_reason="abort")
+
+
+def test_a_request_without_routing_routed_nothing_only_if_it_made_no_token():
+    # GPUs: vLLM returns the routing; a request aborted before it was ever scheduled returns none
+    # and routed nothing (there is no capture in the worker to ask), but one with tokens must have.
+    assert routing_source(_output([], np.zeros((3, 2, 2))), routing_in_worker=False) == "vllm"
+    assert routing_source(_output([]), routing_in_worker=False) == "none"
+    assert routing_source(_output([8, 9]), routing_in_worker=False) == "missing"
+    # CPU: our capture in vLLM's worker holds it.
+    assert routing_source(_output([]), routing_in_worker=True) == "worker"
+    assert routing_source(_output([8, 9]), routing_in_worker=True) == "worker"
+
+
+def test_where_vllm_returns_routing_a_request_without_any_asks_the_engine_nothing():
+    # No engine here (llm None): a call into it would raise out of take_routing.
+    gpu = GenerateCall(None, AdmissionGate(), Requests(), lambda: (0, None), RolloutConfig(record_routing=True),
+                       vocab_size=16, model_path="", error_file="", routing_in_worker=False)
+    sample = Sample("synthetic/arithmetic/train/1180", 4, [5, 6, 7])
+    assert asyncio.run(take_routing(gpu, sample, "g/4/c/0", _output([])))
+    assert sample.error is None and sample.routed_experts_shape == []
+    # One that made tokens fails its sample alone, naming its prompt.
+    assert not asyncio.run(take_routing(gpu, sample, "g/4/c/1", _output([8, 9])))
+    assert sample.error == ("prompt_id='synthetic/arithmetic/train/1180' sample 4: vLLM returned no routing "
+                            "for the 2 token(s) of request 'g/4/c/1'")

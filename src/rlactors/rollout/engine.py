@@ -244,7 +244,8 @@ class RolloutEngine:
         per_request = sampling_per_request(sampling, len(requests))
         await self._record("generate", num_requests=len(requests))
         call = GenerateCall(self.llm, self._gate, self._requests, lambda: (self.policy_version, self.adapter),
-                            self.config, self.vocab_size, self.model_path, self.error_file)
+                            self.config, self.vocab_size, self.model_path, self.error_file,
+                            routing_in_worker=self.platform == "cpu")  # where `ready` starts our capture
         tasks = [asyncio.create_task(run_group(call, request, setting))
                  for request, setting in zip(requests, per_request, strict=True)]
         try:

@@ -102,6 +102,7 @@ class GenerateCall:
     vocab_size: int
     model_path: str  # its Hugging Face tokenizer decodes episodes (`hf_tokenizer`)
     error_file: str  # where vLLM's processes record their errors (`rlactors.rollout.engine_core`)
+    routing_in_worker: bool  # routing is recorded by our capture in vLLM's worker (CPU), not returned by vLLM
     call_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])  # unique ids if a group_id comes twice
 
 
@@ -210,16 +211,22 @@ async def generate_turn(call: GenerateCall, sample: Sample, request: PromptReque
 
 async def take_routing(call: GenerateCall, sample: Sample, request_id: str, completion) -> bool:
     """Add the experts the finished request `request_id` routed each position to to `sample`'s
-    routing: vLLM's own record where it returns one (Model Runner V2, GPUs), else ours, kept in
-    vLLM's worker (`rlactors.rollout.routing_capture`). False, with the sample's error set, when
-    the worker does not hand it over within `ROUTING_TIMEOUT_S` or it does not fit the sample's
-    (`add_routing`); a dead engine core raises as a request does."""
+    routing (`routing_source` says where it is). False, with the sample's error set, when there is
+    none although the request made tokens, when the worker does not hand it over within
+    `ROUTING_TIMEOUT_S`, or when it does not fit the sample's (`add_routing`); a dead engine core
+    raises as a request does."""
     import numpy as np
 
-    recorded = getattr(completion, "routed_experts", None)
-    if recorded is not None:  # [positions, layers, top_k] from position 0 (routed_experts_prompt_start)
+    source = routing_source(completion, call.routing_in_worker)
+    if source == "none":
+        return True
+    if source == "missing":
+        fail_sample(sample, f"vLLM returned no routing for the {len(completion.token_ids)} token(s) of "
+                            f"request {request_id!r}")
+        return False
+    if source == "vllm":  # [positions, layers, top_k] from position 0 (routed_experts_prompt_start)
         num_experts = call.llm.model_config.get_num_experts()
-        recorded = np.ascontiguousarray(recorded, dtype=routes.routing_dtype(num_experts))
+        recorded = np.ascontiguousarray(completion.routed_experts, dtype=routes.routing_dtype(num_experts))
         return add_routing(sample, request_id, (recorded.tobytes(), list(recorded.shape)))
     asked = asyncio.wait_for(call.llm.collective_rpc("rlactors_take_routing", args=([request_id],)), ROUTING_TIMEOUT_S)
     try:
@@ -230,6 +237,19 @@ async def take_routing(call: GenerateCall, sample: Sample, request_id: str, comp
         return False
     taken = per_worker[0].get(request_id)  # tensor-parallel ranks route alike: the first one's
     return taken is None or add_routing(sample, request_id, taken)
+
+
+def routing_source(completion, routing_in_worker: bool) -> str:
+    """Where the routing of a finished request (a vLLM `CompletionOutput`) is: "vllm", returned
+    with it (Model Runner V2); "worker", in our capture in vLLM's worker (CPU), to ask for;
+    "none" where vLLM returned none and there is no capture to ask (it exists only on CPU) for a
+    request that made no token: one aborted before it was ever scheduled, which routed nothing;
+    "missing" where such a request did make tokens, which were routed but not recorded."""
+    if getattr(completion, "routed_experts", None) is not None:
+        return "vllm"
+    if routing_in_worker:
+        return "worker"
+    return "missing" if len(completion.token_ids) else "none"
 
 
 def add_routing(sample: Sample, request_id: str, taken: tuple[bytes, list[int]]) -> bool:
