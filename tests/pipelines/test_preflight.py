@@ -118,6 +118,13 @@ def test_model_context_is_not_judged_when_rope_scaling_extends_it(tmp_path, tiny
     check_model(config_for(tmp_path, tiny_model_dir, "rollout.max_model_len=2048"), tmp_path)  # no error
 
 
+def test_lora_targets_that_match_no_layer_are_refused_in_one_line_naming_the_field(tmp_path, tiny_model_dir):
+    message = refusal(config_for(tmp_path, tiny_model_dir, "model.lora.rank=4", "model.lora.target_modules=[qproj]"))
+    assert message.startswith("model.lora.target_modules=['qproj']") and "qproj" in message and "\n" not in message
+    with pytest.raises(RayStarted):
+        build_run(config_for(tmp_path, tiny_model_dir, "model.lora.rank=4", "model.lora.target_modules=[q_proj]"))
+
+
 @pytest.mark.parametrize("spec,expected", [
     ("{dir}/missing.py:compute_score", "no file"),
     ("{dir}/rewards.py:compute_scores", "has no callable 'compute_scores'"),

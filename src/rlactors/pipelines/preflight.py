@@ -13,8 +13,8 @@ Each refuses what would otherwise fail only at the first batch, after minutes of
 trainer start-up, or fail inside the engine for one prompt: a training temperature of 0, a
 custom reward function that does not load, a resume path that is no checkpoint, a tracker in
 pipeline.loggers whose package is missing, dynamic sampling over groups of one, fewer sequences
-than mini-batches, a context longer than the model's, and a prompt that leaves no room for its
-response. A failure is a `PreflightError` naming the setting
+than mini-batches, a context longer than the model's, LoRA targets that match no layer of the
+model, and a prompt that leaves no room for its response. A failure is a `PreflightError` naming the setting
 (dotted path), file or prompt_id and the numbers involved. Nothing here starts Ray or an actor.
 """
 
@@ -226,7 +226,9 @@ def model_context_tokens(model_path: str | Path) -> int | None:
 def check_model(config: Config, model_path: str | Path) -> None:
     """`rollout.max_model_len` within the model's context: vLLM refuses to start otherwise
     (unless VLLM_ALLOW_LONG_MAX_MODEL_LEN says to go past it). Routing is recorded only for a
-    mixture-of-experts model: the engines would fail to start finding no router."""
+    mixture-of-experts model: the engines would fail to start finding no router. LoRA's target
+    modules match some layer of the model (`check_lora_targets`)."""
+    check_lora_targets(config.model.lora, model_path)
     if config.rollout.record_routing:
         from rlactors.models.moe import is_moe_config
 
@@ -247,6 +249,20 @@ def check_model(config: Config, model_path: str | Path) -> None:
             f"rollout.max_model_len={config.rollout.max_model_len} > max_position_embeddings={limit} of the model "
             f"in {Path(model_path) / 'config.json'}: the engines would refuse to start"
         )
+
+
+def check_lora_targets(lora, model_path: str | Path) -> None:
+    """`model.lora.target_modules` match some layer of the model: otherwise each trainer rank fails
+    putting the adapters on, after Ray and the engines have started. The adapters are put on a
+    meta-device build of the model (its config.json alone, no weights read), as the trainer does."""
+    if not lora.enabled:
+        return
+    from rlactors.placement.memory import adapter_parameter_count
+
+    try:
+        adapter_parameter_count(model_path, lora)
+    except ValueError as error:  # names model.lora.target_modules (`rlactors.models.lora.add_adapters`)
+        raise PreflightError(str(error)) from None
 
 
 # --------------------------------------------------------------------------------------------
