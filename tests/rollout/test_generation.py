@@ -8,8 +8,16 @@ import asyncio
 import numpy as np
 
 from rlactors.config import RolloutConfig
+from rlactors.models import routes
 from rlactors.rollout.admission import AdmissionGate
-from rlactors.rollout.generation import GenerateCall, Requests, add_routing, routing_source, take_routing
+from rlactors.rollout.generation import (
+    GenerateCall,
+    Requests,
+    add_captured_routing,
+    add_routing,
+    routing_source,
+    take_routing,
+)
 from rlactors.types import Sample
 
 
@@ -86,3 +94,20 @@ def test_where_vllm_returns_routing_a_request_without_any_asks_the_engine_nothin
     assert not asyncio.run(take_routing(gpu, sample, "g/4/c/1", _output([8, 9])))
     assert sample.error == ("prompt_id='synthetic/arithmetic/train/1180' sample 4: vLLM returned no routing "
                             "for the 2 token(s) of request 'g/4/c/1'")
+
+
+def _captured(first: int, num_positions: int) -> tuple[bytes, list[int]]:
+    """A captured request's rows for positions 0..num_positions-1 (1 layer, top-2): expert `first + position`."""
+    values = np.array([[[first + p, 0]] for p in range(num_positions)], dtype=np.uint8)
+    return values.tobytes(), list(values.shape)
+
+
+def test_captured_routing_is_cut_to_the_prompt_and_the_tokens_vllm_returned():
+    sample = Sample("p", 0, [5, 6, 7])
+    # vLLM returned 2 tokens (the second ended a stop string) but its engine ran 2 more steps.
+    assert add_captured_routing(sample, "r0", _captured(0, 3 + 2 + 2), num_returned=2)
+    assert sample.routed_experts_shape == [5, 1, 2]
+    sample.response_token_ids += [8, 9, 20, 21]  # the turn's tokens, then an observation
+    assert add_captured_routing(sample, "r1", _captured(100, 7), num_returned=1)  # the next turn, from the whole sequence
+    kept = routes.decode(sample.routed_experts, sample.routed_experts_shape)[:, 0, 0]
+    assert list(kept) == [0, 1, 2, 3, 4, 105, 106]  # the observation's rows are its own, not the overrun's

@@ -236,7 +236,7 @@ async def take_routing(call: GenerateCall, sample: Sample, request_id: str, comp
                             f"within {ROUTING_TIMEOUT_S:g} s")
         return False
     taken = per_worker[0].get(request_id)  # tensor-parallel ranks route alike: the first one's
-    return taken is None or add_routing(sample, request_id, taken)
+    return taken is None or add_captured_routing(sample, request_id, taken, len(completion.token_ids))
 
 
 def routing_source(completion, routing_in_worker: bool) -> str:
@@ -267,6 +267,19 @@ def add_routing(sample: Sample, request_id: str, taken: tuple[bytes, list[int]])
 def fail_sample(sample: Sample, why: str) -> None:
     """Record why `sample` failed, naming its prompt and index (the caller ends it "error")."""
     sample.error = f"prompt_id={sample.prompt_id!r} sample {sample.sample_index}: {why}"
+
+
+def add_captured_routing(sample: Sample, request_id: str, taken: tuple[bytes, list[int]], num_returned: int) -> bool:
+    """Add our capture's record of one request to `sample` (`add_routing`, before its
+    `num_returned` returned tokens are), cut to the positions of the request's prompt (the sample's
+    prompt and response so far) and of those tokens. A stop string is matched outside the engine
+    core, which can run further steps before it learns the request stopped: their rows are of
+    tokens vLLM never returned, and kept they would stand for whatever the sample puts there next
+    (an observation, the next turn). vLLM's own record comes cut already."""
+    if not add_routing(sample, request_id, taken):
+        return False
+    routes.truncate(sample, len(sample.prompt_token_ids) + sample.num_response_tokens + num_returned)
+    return True
 
 
 @functools.cache

@@ -15,7 +15,9 @@ it has computed so far.
 
 A request's routing covers the positions its steps computed, from its first token: the prompt
 (the engine turns prefix caching off while it records, so no prompt position is served from a
-cache) and every response token fed back in, i.e. all but the last. A position never computed
+cache) and every response token fed back in, i.e. all but the last; steps the engine ran past a
+stop string too, which the engine actor cuts off (`rlactors.rollout.generation.add_captured_routing`).
+A position never computed
 holds the dtype's largest value, and expert ids are uint8 or uint16 by expert count
 (`rlactors.models.routes.routing_dtype`, `unrecorded_expert`).
 """
