@@ -6,12 +6,15 @@ killed mid-call restarted with each group scored once, and offload/onload for co
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 
 import pytest
 import torch
 
 from rlactors.config import ConfigError, RewardConfig, RewardModelConfig
+from rlactors.models import load_tokenizer
 from rlactors.reward.model_scorer import classifier_text, load_classifier, score_sequences
 from rlactors.types import Group, PromptRequest, Sample
 
@@ -52,12 +55,26 @@ def test_a_long_sequence_keeps_its_last_tokens_and_is_counted(classifier):
     assert num_truncated == 1 and result == (pytest.approx(float(tail), abs=1e-5), None)
 
 
+def test_a_batch_pads_with_the_models_pad_id_where_the_tokenizers_differs(reward_model_dir, tmp_path):
+    # A classifier whose config.pad_token_id (what transformers pools by) is not its tokenizer's pad id.
+    shutil.copytree(reward_model_dir, tmp_path / "rm")
+    config = json.loads((tmp_path / "rm" / "config.json").read_text())
+    tokenizer = load_tokenizer(tmp_path / "rm")
+    config["pad_token_id"] = tokenizer.eos_token_id
+    assert config["pad_token_id"] != tokenizer.pad_token_id
+    (tmp_path / "rm" / "config.json").write_text(json.dumps(config))
+    classifier = load_classifier(RewardModelConfig(name="quality", path=str(tmp_path / "rm")))
+    texts = ["2+3=5", "2+3=a much longer answer, 6"]
+    batched, _ = score_sequences(*classifier, texts, batch_size=2, max_tokens=64)
+    assert [value for value, _ in batched] == pytest.approx([plain_logit(classifier, text) for text in texts], abs=1e-5)
+
+
 class RefusesBang(torch.nn.Module):
     """The classifier, raising on any sequence holding a '!' (a sequence the real model cannot take)."""
 
     def __init__(self, model, bang_id: int):
         super().__init__()
-        self.model, self.bang_id = model, bang_id
+        self.model, self.bang_id, self.config = model, bang_id, model.config
 
     def forward(self, input_ids, attention_mask):
         if (input_ids == self.bang_id).any():

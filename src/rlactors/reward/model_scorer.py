@@ -69,12 +69,17 @@ def score_sequences(model, tokenizer, texts: list[str], batch_size: int,
 
     encoded, num_truncated = classifier_token_ids(tokenizer, texts, max_tokens)
     device = next(model.parameters()).device
+    # transformers' classifier pools each row at its last token that is not `config.pad_token_id`:
+    # padding with another id (the tokenizer's own) would pool a short row at its padding.
+    pad_id = model.config.pad_token_id
 
     def forward(batch: list[list[int]]) -> list[float]:
         padded = tokenizer.pad({"input_ids": batch}, padding=True, return_tensors="pt")
+        input_ids = padded["input_ids"]
+        if pad_id is not None:
+            input_ids = input_ids.masked_fill(padded["attention_mask"] == 0, pad_id)
         with torch.no_grad():
-            logits = model(input_ids=padded["input_ids"].to(device),
-                           attention_mask=padded["attention_mask"].to(device)).logits
+            logits = model(input_ids=input_ids.to(device), attention_mask=padded["attention_mask"].to(device)).logits
         return [float(value) for value in logits[:, 0].float().cpu()]
 
     results: list[tuple[float | None, str | None]] = []
