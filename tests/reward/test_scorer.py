@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
+import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import ray
@@ -205,6 +209,44 @@ def test_least_loaded_dispatch(user_pool):
     scored = ray.get(user_pool.score_many(groups))
     assert [g.prompt_id for g in scored] == ["b0", "b1", "b2", "b3"]
     assert len({g.samples[0].score_details["pid"] for g in scored}) == 2
+
+
+def test_dispatch_from_several_threads_counts_each_call_until_it_finishes(monkeypatch):
+    # Async mode dispatches from two threads; here eight, switching as often as Python allows. A call
+    # finishes once 40 newer ones were made, so each dispatch's pruning rebuilds the lists of calls.
+    numbers, made, finished = itertools.count(), [], set()
+
+    def start_call(group):
+        ref = next(numbers)
+        made.append(ref)
+        return ref
+
+    def wait(refs, **kwargs):
+        done = [ref for ref in refs if ref < len(made) - 40]
+        finished.update(done)
+        return done, [ref for ref in refs if ref >= len(made) - 40]
+
+    monkeypatch.setattr(pool_module.ray, "wait", wait)
+    actors = [SimpleNamespace(score=SimpleNamespace(remote=start_call)) for _ in range(4)]
+    in_flight, lock = [[] for _ in actors], threading.Lock()
+
+    def dispatch():
+        for _ in range(300):
+            pool_module._call_least_loaded(actors, in_flight, ["group"], lock)
+
+    threads = [threading.Thread(target=dispatch) for _ in range(8)]
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(switch_interval)
+    kept = [ref for calls in in_flight for ref, _ in calls]
+    assert len(made) == 2400 and len(kept) == len(set(kept))  # no call counted twice
+    assert set(made) - finished - set(kept) == set()  # nor dropped before it finished
 
 
 def test_state_dict_round_trip(pool, ray_session):

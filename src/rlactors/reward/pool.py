@@ -20,6 +20,7 @@ trainer and back (colocated time-sharing).
 from __future__ import annotations
 
 import math
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,8 @@ class RewardPool:
         self.move_timeout_s = STATE_TIMEOUT_S + max([model.judge.call_timeout_s for model in models], default=0.0)
         self.in_flight: list[list[tuple[ray.ObjectRef, int]]] = [[] for _ in self.actors]
         self.model_in_flight = [[[] for _ in replicas] for replicas in self.model_actors]
+        # In async mode the producer thread scores rollouts while the trainer loop's scores validation.
+        self.dispatch_lock = threading.Lock()
         self.failures = FailureStreak(config.max_failed_steps)
         # Startup errors surface here. Each scorer's note of its current worker's pid (a timeout or a
         # restart of the actor starts a new worker, which replaces the note).
@@ -129,29 +132,20 @@ class RewardPool:
 
     def score(self, group: Group | ray.ObjectRef) -> ray.ObjectRef:
         """Ref to the scored copy of `group` (a Group or a ref to one)."""
-        index = _least_loaded(self.in_flight)
-        ref = self.actors[index].score.remote(group)
-        self.in_flight[index].append((ref, 1))
-        for replicas, in_flight in zip(self.model_actors, self.model_in_flight, strict=True):
-            index = _least_loaded(in_flight)
-            ref = replicas[index].score.remote(ref)
-            in_flight[index].append((ref, 1))
-        return ref
+        return self._score_call([group])[0]
 
     def score_many(self, groups: list[Group | ray.ObjectRef]) -> list[ray.ObjectRef]:
         """Refs to the scored copies, in order; up to `max_groups_per_call` groups per actor call,
         spread over the actors."""
         per_call = max(1, min(self.max_groups_per_call, math.ceil(len(groups) / len(self.actors))))
-        refs: list[ray.ObjectRef] = []
-        for start in range(0, len(groups), per_call):
-            chunk = groups[start : start + per_call]
-            if len(chunk) == 1:
-                refs.append(self.score(chunk[0]))
-                continue
-            chunk_refs = _call_least_loaded(self.actors, self.in_flight, chunk)
-            for replicas, in_flight in zip(self.model_actors, self.model_in_flight, strict=True):
-                chunk_refs = _call_least_loaded(replicas, in_flight, chunk_refs)
-            refs += chunk_refs
+        chunks = [groups[start:start + per_call] for start in range(0, len(groups), per_call)]
+        return [ref for chunk in chunks for ref in self._score_call(chunk)]
+
+    def _score_call(self, groups: list[Group | ray.ObjectRef]) -> list[ray.ObjectRef]:
+        """Refs to the scored copies of `groups`, one call per stage on its least loaded actor."""
+        refs = _call_least_loaded(self.actors, self.in_flight, groups, self.dispatch_lock)
+        for replicas, in_flight in zip(self.model_actors, self.model_in_flight, strict=True):
+            refs = _call_least_loaded(replicas, in_flight, refs, self.dispatch_lock)
         return refs
 
     def metrics(self) -> dict[str, float]:
@@ -273,9 +267,18 @@ def _least_loaded(in_flight: list[list[tuple[ray.ObjectRef, int]]]) -> int:
     return loads.index(min(loads))
 
 
-def _call_least_loaded(actors: list, in_flight: list[list[tuple[ray.ObjectRef, int]]], groups: list) -> list[ray.ObjectRef]:
-    """One `score_groups` call with `groups` on the least loaded of `actors`: a ref per group."""
-    index = _least_loaded(in_flight)
-    refs = actors[index].score_groups.options(num_returns=len(groups)).remote(*groups)
-    in_flight[index].append((refs[0], len(groups)))
+def _call_least_loaded(actors: list, in_flight: list[list[tuple[ray.ObjectRef, int]]], groups: list,
+                       lock: threading.Lock) -> list[ray.ObjectRef]:
+    """One call with `groups` on the least loaded of `actors` (`score` for one group, else
+    `score_groups`): a ref per group. Choosing the actor and recording the call are one step under
+    `lock`: `_least_loaded` rebuilds each actor's list of calls, and a call another thread recorded
+    in between would be lost (its actor then looks idler than it is)."""
+    with lock:
+        index = _least_loaded(in_flight)
+        actor = actors[index]
+        if len(groups) == 1:
+            refs = [actor.score.remote(groups[0])]
+        else:
+            refs = actor.score_groups.options(num_returns=len(groups)).remote(*groups)
+        in_flight[index].append((refs[0], len(groups)))
     return refs
