@@ -228,6 +228,49 @@ def test_partial_rollout_resumes_under_new_weights(engine, reference):
           f"{old_version} and {new_version}")
 
 
+def test_without_partial_rollouts_each_response_is_labelled_with_the_weights_that_made_all_of_it(engine, reference):
+    """partial_rollout off, more requests in flight than vLLM schedules at once (max_num_seqs),
+    and a weight update mid-generation: vLLM's pause lets the running requests finish, while the
+    queued ones (and any it preempted) would run after the update under the new weights. Every
+    response still comes from one version, and every token's logprob is that of the weights its
+    label names (float64 reference)."""
+    import ray
+
+    model, tokenizer = reference
+    old_version = _version(engine)
+    old_model = type(model)(model.config).eval()
+    old_model.load_state_dict(model.state_dict())
+    started = ray.get(engine.__ray_call__.remote(lambda self: self.config), timeout=60)
+    max_num_seqs = ray.get(engine.__ray_call__.remote(lambda self: self.llm.vllm_config.scheduler_config.max_num_seqs))
+    num_samples = 8
+    requests = prompts(tokenizer, [f"queued {i}:" for i in range(max_num_seqs // num_samples + 8)], prefix="w")
+    sampling = SamplingConfig(num_samples_per_prompt=num_samples, max_response_tokens=48, ignore_eos=True, seed=4)
+    disagreements_before = ray.get(engine.health.remote())["num_version_disagreements"]
+    ray.get(engine.use_run_settings.remote(started.model_copy(update={"partial_rollout": False})), timeout=60)
+    try:
+        stream = engine.generate.remote(requests, sampling)
+        wait_until_generating(engine)
+        new_version = old_version + 1
+        perturb_and_send(engine, model, new_version, seed=5)
+        groups = [ray.get(ref) for ref in stream]
+    finally:
+        ray.get(engine.use_run_settings.remote(started), timeout=60)
+
+    assert len(requests) * num_samples > max_num_seqs
+    assert sorted(g.prompt_id for g in groups) == sorted(r.prompt_id for r in requests)
+    by_version = {old_version: old_model, new_version: model}
+    for group in groups:
+        for sample in group.samples:
+            assert sample.finish_reason == "length" and sample.num_response_tokens == 48
+            (version,) = set(sample.token_policy_versions)  # never two versions in one response
+            expected = reference_logprobs(by_version[version], sample.prompt_token_ids, sample.response_token_ids, 1.0)
+            assert (torch.tensor(sample.response_logprobs).double() - expected).abs().max() < 1e-4, (
+                sample.prompt_id, sample.sample_index, version)
+    versions = {s.token_policy_versions[0] for g in groups for s in g.samples}
+    assert versions == {old_version, new_version}, versions  # the update came mid-generation
+    assert ray.get(engine.health.remote())["num_version_disagreements"] == disagreements_before
+
+
 def test_abort_named_group_keeps_partial_tokens(engine, reference):
     import ray
 

@@ -11,7 +11,7 @@ Invariant: between `close()` returning and the next `open()`, no request enters 
 request admitted before has been handed to vLLM's engine core. vLLM's engine core takes requests
 and calls (pause, sleep) in the order they were sent, so a pause sent after `close()` comes after
 every admitted request: each one runs to its end (`wait`) or is aborted (`abort`) under the weights
-it was admitted with. A request waiting at a closed gate enters after the update, under the new
+it was admitted with (what "wait" leaves queued or preempted, the engine aborts after it). A request waiting at a closed gate enters after the update, under the new
 weights. So one vLLM request never spans two weight versions, and the version read inside
 `admit()` is that of every token it returns, whatever the vLLM version (older ones do not label
 tokens themselves).

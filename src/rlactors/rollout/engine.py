@@ -303,6 +303,12 @@ class RolloutEngine:
         elif self._update.paused:
             mode = "abort" if self.config.partial_rollout else "wait"  # see rlactors.rollout.weights
             await self._vllm("start_weight_update", self.llm.pause_generation(mode=mode, clear_cache=True))
+            if mode == "wait" and self._requests.in_flight:
+                # vLLM's "wait" drains the requests it runs; those it had queued (more than
+                # max_num_seqs) or preempted would run after the update under the new weights,
+                # labelled with the old version. Interrupted, they restart under the new weights
+                # (`rlactors.rollout.generation`: without partial rollouts an interrupted turn restarts).
+                await self._vllm("start_weight_update", self.llm.abort(list(self._requests.in_flight)))
         self._update.sync_start_s = time.perf_counter()
 
     async def update_weights(self, update_info: dict) -> None:

@@ -26,7 +26,9 @@ mask 0, the episode's reward in `episode_reward`, an environment failure in `env
 
 Interruptions: a turn that a weight update or sleep aborts (`partial_rollout` on) is continued from
 prompt + everything so far with the tokens it has left (`on_abort="resume"`), or its tokens are
-dropped and the turn starts again (`on_abort="requeue"`); earlier turns are never touched. A turn
+dropped and the turn starts again (`on_abort="requeue"`); earlier turns are never touched. With
+`partial_rollout` off an update lets running requests finish and aborts those vLLM had queued or
+preempted (`RolloutEngine.start_weight_update`): such a turn always starts again. A turn
 of a group the caller aborted (`abort(group_ids)`) ends "abort" and keeps its tokens. A request that
 fails, or whose routing cannot be joined to its sample's (`take_routing`), ends its sample "error"
 (the batch goes on); a dead engine core raises out of the whole call.
@@ -197,7 +199,9 @@ async def generate_turn(call: GenerateCall, sample: Sample, request: PromptReque
             return "error"
         interrupted = completion.finish_reason == "abort" and request.group_id not in requests.user_aborted
         requests.num_interrupted += interrupted
-        if interrupted and call.config.on_abort == "requeue":
+        # Without partial rollouts a response is never continued under other weights: an
+        # interrupted turn (one an update found queued or preempted in vLLM) starts again.
+        if interrupted and (call.config.on_abort == "requeue" or not call.config.partial_rollout):
             for tokens in (sample.response_token_ids, sample.response_logprobs, sample.token_policy_versions):
                 del tokens[turn_start:]
             routes.truncate(sample, num_routed)

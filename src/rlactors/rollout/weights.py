@@ -9,8 +9,9 @@ Weight updates go through vLLM's weight-transfer protocol, driven by a sender
 (loaded through the model's own `load_weights` inside vLLM's layerwise reload) and
 `finish_weight_update(policy_version)` (prefix cache dropped, version label set, generation
 resumes). The transport is the engine's `weight_backend` (`rlactors.weight_sync.choice`). With
-`partial_rollout` off the pause first lets in-flight requests finish (their tokens are all the old
-version). With it on they are aborted and continued under the new weights from prompt + partial
+`partial_rollout` off the pause first lets the requests vLLM runs finish (their tokens are all the
+old version); those it still has queued (more than `max_num_seqs`) or preempted are aborted and
+restart from the prompt under the new weights. With it on they are aborted and continued under the new weights from prompt + partial
 response (`on_abort="resume"`, max_tokens reduced by what was produced; the response then carries
 two versions), or restarted from the prompt (`on_abort="requeue"`; `rlactors.rollout.generation`).
 Requests arriving during an update (or sleep) wait at the engine's admission gate and enter vLLM
