@@ -126,14 +126,17 @@ def test_engine_sigkilled_mid_step_in_async_mode_with_partial_rollouts(ray_sessi
     assert_no_leftovers(before)
 
 
-def _stop_engine_core(router, stopped: list) -> None:
-    """SIGSTOP replica 0's vLLM engine-core process once it has samples in flight: its actor still
-    answers everything, its core nothing. Appends (pid, time.monotonic()) to `stopped`."""
+def _stop_engine_core(router, stopped: list, must_be_generating: bool = True) -> None:
+    """SIGSTOP replica 0's vLLM engine-core process (if `must_be_generating`, once it has samples
+    in flight): its actor still answers everything, its core nothing. Appends (pid,
+    time.monotonic()) to `stopped`."""
     import psutil
     import ray
 
     deadline = time.monotonic() + IN_FLIGHT_WAIT_S
     while (health := ray.get(router.engines[0].health.remote(), timeout=60))["num_in_flight_samples"] == 0:
+        if not must_be_generating:
+            break
         assert time.monotonic() < deadline, f"the engine had nothing in flight for {IN_FLIGHT_WAIT_S:g} s"
         time.sleep(0.01)
     (core,) = [p for p in psutil.Process(health["pid"]).children() if "EngineCore" in p.name()]
@@ -141,27 +144,37 @@ def _stop_engine_core(router, stopped: list) -> None:
     stopped.append((core.pid, time.monotonic()))
 
 
-def test_engine_core_stopped_mid_step_in_async_mode_is_found_restarted_and_the_run_finishes(
-        ray_session, tmp_path, tiny_model_dir, monkeypatch):
-    """vLLM's engine core SIGSTOPped after the second weight sync, mid-generation (the actor around
-    it answers health() and every call): the core's silence is found within stall_timeout_s +
-    health_timeout_s, by the router's watchdog or by the next weight sync, whichever meets it first;
-    the replica is killed and restarted with the current weights, and the run trains all its steps,
-    each prompt once. (In make test: the engine's heartbeat over a silent stand-in core,
-    tests/rollout/test_engine_core.py; the watchdog's kill of an unhealthy replica,
-    tests/rollout/test_router.py.)"""
+@pytest.mark.parametrize("when", ["generating", "at a weight sync"])
+def test_engine_core_stopped_in_async_mode_is_found_restarted_and_the_run_finishes(
+        ray_session, tmp_path, tiny_model_dir, monkeypatch, when):
+    """vLLM's engine core SIGSTOPped after the second weight sync, mid-generation, or as the third
+    sync begins (the actor around it answers health() and every call; its weight update waits on
+    the core, and the engine reads as paused, never stalled): the core's silence is found within
+    stall_timeout_s + health_timeout_s, by the router's watchdog or by the weight sync, whichever
+    meets it first; the replica is killed and restarted with the current weights, and the run
+    trains all its steps, each prompt once. (In make test: the engine's heartbeat over a silent
+    stand-in core, tests/rollout/test_engine_core.py; the watchdog's kill of an unhealthy
+    replica, tests/rollout/test_router.py.)"""
     from rlactors.pipelines.fully_async import Producer
     from rlactors.rollout.replicas import Replicas
+    from rlactors.rollout.router import RolloutRouter
 
     routers = _capture_routers(monkeypatch)
     on_published, mark_failed = Producer.on_published, Replicas.mark_failed
+    weight_sync_targets = RolloutRouter.weight_sync_targets
     stopped, failed, stoppers = [], [], []
 
     def on_published_then_core_stopped(producer, policy_version):
         on_published(producer, policy_version)
-        if policy_version == 2:
+        if policy_version == 2 and when == "generating":
             stoppers.append(threading.Thread(target=_stop_engine_core, args=(routers[0], stopped)))
             stoppers[-1].start()
+
+    def targets_then_core_stopped(router, policy_version):
+        targets = weight_sync_targets(router, policy_version)
+        if policy_version == 3 and when == "at a weight sync":
+            _stop_engine_core(router, stopped, must_be_generating=False)
+        return targets
 
     def recording(replicas, index, reason, *args, **kwargs):
         counted = mark_failed(replicas, index, reason, *args, **kwargs)
@@ -169,6 +182,7 @@ def test_engine_core_stopped_mid_step_in_async_mode_is_found_restarted_and_the_r
             failed.append((time.monotonic(), reason))
         return counted
 
+    monkeypatch.setattr(RolloutRouter, "weight_sync_targets", targets_then_core_stopped)
     monkeypatch.setattr(Producer, "on_published", on_published_then_core_stopped)
     monkeypatch.setattr(Replicas, "mark_failed", recording)
     before = leftover_processes()
