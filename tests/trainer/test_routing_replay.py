@@ -161,3 +161,69 @@ def test_replay_held_through_backward_gives_checkpointed_gradients_their_routing
     except torch.utils.checkpoint.CheckpointError:
         released = None
     assert released is None or not torch.allclose(released, plain)
+
+
+# One tiny random model per router class in `ROUTER_RULES` (Qwen3-MoE both ways of its top-k).
+TINY_MOE_CONFIGS = {
+    "qwen3_moe normalised": ("Qwen3MoeConfig", dict(num_experts=8, norm_topk_prob=True, moe_intermediate_size=16)),
+    "qwen3_moe unnormalised": ("Qwen3MoeConfig", dict(num_experts=8, norm_topk_prob=False, moe_intermediate_size=16)),
+    "qwen2_moe": ("Qwen2MoeConfig", dict(num_experts=8, norm_topk_prob=False, moe_intermediate_size=16,
+                                         shared_expert_intermediate_size=16)),
+    "olmoe": ("OlmoeConfig", dict(num_experts=8, norm_topk_prob=False)),
+    "mixtral": ("MixtralConfig", dict(num_local_experts=8)),
+    "gpt_oss": ("GptOssConfig", dict(num_local_experts=8)),
+}
+
+
+def tiny_moe(name: str, dtype: torch.dtype) -> torch.nn.Module:
+    import transformers
+
+    config_class, experts = TINY_MOE_CONFIGS[name]
+    config = getattr(transformers, config_class)(
+        vocab_size=256, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, num_experts_per_tok=2, max_position_embeddings=64,
+        initializer_range=0.08, **experts)  # wide: routers whose logits differ clearly between experts
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config).to(dtype).eval()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", list(TINY_MOE_CONFIGS))
+def test_replaying_its_own_top_k_gives_each_router_its_own_weights_exactly(name, dtype):
+    """Each known router class, replayed on the experts it chose itself: the weights its forward
+    hands the experts, and so the model's logits, are bit for bit those of its own forward (a
+    Mixtral or gpt-oss router replayed as an unnormalised softmax over all experts is another
+    network)."""
+    model, ids = tiny_moe(name, dtype), _ids()
+    replay = RoutingReplay(model)
+    assert replay.layer_indices == [0, 1]
+    weights = []
+    for router in replay.routers:  # after replay's hook: what the experts are handed
+        router.register_forward_hook(lambda module, inputs, output: weights.append(output[1]))
+    with torch.no_grad():
+        with replay.using(None, record=True) as record:
+            own = model(ids).logits
+        own_weights, weights[:] = list(weights), []
+        with replay.using(_routes(record)) as replayed_record:
+            replayed = model(ids).logits
+    assert replayed_record.num_unrecorded == 0
+    for layer, (theirs, ours) in enumerate(zip(own_weights, weights, strict=True)):
+        assert ours.dtype == theirs.dtype and torch.equal(ours, theirs), (name, layer, (ours - theirs).abs().max())
+    assert torch.equal(replayed, own)
+
+
+def test_a_router_class_without_a_known_rule_is_refused_naming_it(model, monkeypatch):
+    """Replaying through a router whose weighing is not known would train another network than
+    the engine's; recording and comparing need no rule."""
+    import rlactors.trainer.routing_replay as routing_replay
+
+    replay, ids = RoutingReplay(model), _ids()
+    with torch.no_grad(), replay.using(None, record=True) as record:
+        model(ids)
+    monkeypatch.delitem(routing_replay.ROUTER_RULES, "Qwen3MoeTopKRouter")
+    with torch.no_grad(), replay.using(_routes(record), record=True, replay=False):
+        model(ids)
+    with pytest.raises(ValueError, match=r"router class Qwen3MoeTopKRouter .* it knows GptOssTopKRouter, "
+                                         r"MixtralTopKRouter"):
+        with replay.using(_routes(record)):
+            pass

@@ -4,8 +4,10 @@ Why: the engine and the trainer can route one token to different experts (other 
 precision, and in async mode weights that moved since the rollout); the importance ratio of that
 token then compares two different networks. With replay, every forward pass of the trainer (old
 logprobs, reference, update) uses the recorded experts, and only their weights come from the
-trainer's router: the gate's softmax over all experts, gathered at the recorded ones (renormalised
-where the model normalises its top-k), so gradients still reach the router.
+trainer's router, by that router class's own rule (`router_rule`: e.g. Qwen3-MoE's softmax over all
+experts gathered at the recorded ones, renormalised where `norm_topk_prob` says; Mixtral's always
+renormalised; gpt-oss's softmax over the k experts' logits alone), so gradients still reach the
+router and a token's weights are those the router's own forward gives its own top-k.
 
     replay = RoutingReplay(model)              # finds the routers (transformers' MoE top-k routers)
     with replay.using(routes, record=True):    # routes: [B, T, num_layers, top_k], -1 = none
@@ -28,9 +30,10 @@ recorded experts on every recorded token of every layer.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
@@ -42,7 +45,8 @@ ROUTING_METRICS = ("routing_mismatch_share", "routing_unrecorded_share", "expert
 def find_routers(model: torch.nn.Module) -> list[tuple[int, torch.nn.Module]]:
     """(decoder layer index, router) of the model's top-k routers in layer order: modules under
     `layers.<i>.` with a `weight`, `top_k` and `num_experts` whose forward returns (router_logits,
-    scores, indices), the contract of transformers' MoE routers (Qwen2/Qwen3-MoE `...TopKRouter`)."""
+    scores, indices), the contract of transformers' MoE routers (`...TopKRouter`). Only the
+    classes in `ROUTER_RULES` can replay."""
     routers = []
     for name, module in model.named_modules():
         layer = re.search(r"(?:^|\.)layers\.(\d+)\.", name)
@@ -50,6 +54,51 @@ def find_routers(model: torch.nn.Module) -> list[tuple[int, torch.nn.Module]]:
                 and hasattr(module, "num_experts") and type(module).__name__.endswith("TopKRouter")):
             routers.append((int(layer.group(1)), module))
     return routers
+
+
+# The weights [N, k] of experts [N, k] from router logits [N, E], as one router class computes them.
+WeightRule = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def replayed_scores(router_logits: torch.Tensor, experts: torch.Tensor, normalise: bool) -> torch.Tensor:
+    """The routing weights of `experts` [N, k] under the router's softmax over all experts (fp32),
+    renormalised over the k when the model normalises its top-k: differentiable in the logits."""
+    probabilities = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
+    weights = probabilities.gather(-1, experts)
+    return weights / weights.sum(dim=-1, keepdim=True) if normalise else weights
+
+
+def top_k_softmax_scores(router_logits: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+    """The routing weights of `experts` [N, k] as a softmax over their k logits alone, in the
+    logits' dtype (gpt-oss: top-k of the logits, then the softmax)."""
+    return torch.softmax(router_logits.gather(-1, experts), dim=-1, dtype=router_logits.dtype)
+
+
+def _configured_rule(router: torch.nn.Module) -> WeightRule:
+    # The router's config decides whether its top-k is renormalised.
+    return partial(replayed_scores, normalise=bool(router.norm_topk_prob))
+
+
+# Router class name -> its rule, read from transformers' forward of that class: a class absent here
+# weighs its experts in a way replay does not know (sigmoid scores, expert groups, a scaling factor,
+# another output order).
+ROUTER_RULES: dict[str, Callable[[torch.nn.Module], WeightRule]] = {
+    "Qwen2MoeTopKRouter": _configured_rule,
+    "Qwen3MoeTopKRouter": _configured_rule,
+    "OlmoeTopKRouter": _configured_rule,
+    "MixtralTopKRouter": lambda router: partial(replayed_scores, normalise=True),
+    "GptOssTopKRouter": lambda router: top_k_softmax_scores,
+}
+
+
+def router_rule(router: torch.nn.Module) -> WeightRule:
+    """How `router` weighs given experts from its logits: for its own top-k, exactly the weights
+    its forward returns. A class not in `ROUTER_RULES` is a ValueError naming it."""
+    name = type(router).__name__
+    if name not in ROUTER_RULES:
+        raise ValueError(f"routing replay does not know how router class {name} weighs its experts; it knows "
+                         f"{', '.join(sorted(ROUTER_RULES))}")
+    return ROUTER_RULES[name](router)
 
 
 @dataclass
@@ -74,8 +123,9 @@ class RoutingReplay:
         self.record = False
         self.replay = True
         self.last = RoutingRecord()
-        for layer, router in found:
-            router.register_forward_hook(self._hook(layer))
+        self.rules: list[WeightRule] = []  # each router's, looked up when routes are replayed
+        for index, (layer, router) in enumerate(found):
+            router.register_forward_hook(self._hook(index, layer))
 
     @contextmanager
     def using(self, routes: torch.Tensor | None, record: bool = False, replay: bool = True
@@ -83,17 +133,20 @@ class RoutingReplay:
         """Within the block, route by `routes` ([B, T, num_layers, top_k] expert ids, -1 where
         unrecorded; None: the model's own routing) and, with `record`, keep what was routed. With
         `replay` false the routes are only read into the record (to measure how often the
-        trainer's routing differs), and the model routes itself."""
+        trainer's routing differs), and the model routes itself. A router class without a known
+        rule (`router_rule`) is refused here, before the forward, only when it would replay."""
         if routes is not None and (routes.dim() != 4 or routes.shape[2] != self.num_layers):
             raise ValueError(f"routing replay: routes of shape {tuple(routes.shape)}, expected "
                              f"[batch, tokens, {self.num_layers} layers, top_k]")
+        if routes is not None and replay:
+            self.rules = [router_rule(router) for router in self.routers]
         self.routes, self.record, self.replay, self.last = routes, record, replay, RoutingRecord()
         try:
             yield self.last
         finally:
             self.routes, self.record, self.replay = None, False, True
 
-    def _hook(self, layer: int):
+    def _hook(self, index: int, layer: int):
         def hook(router, inputs, output):
             if self.routes is None and not self.record:
                 return None
@@ -107,7 +160,7 @@ class RoutingReplay:
                 missing = (recorded < 0).any(dim=-1, keepdim=True)
                 if self.replay:
                     used = torch.where(missing, own, recorded.long())
-                    chosen = replayed_scores(logits, used, getattr(router, "norm_topk_prob", False)).to(scores.dtype)
+                    chosen = self.rules[index](logits, used).to(scores.dtype)
                     self.last.num_unrecorded += int(missing.sum())
             if self.record:
                 self.last.used.append(used.detach())
@@ -118,14 +171,6 @@ class RoutingReplay:
             return logits, chosen, used
 
         return hook
-
-
-def replayed_scores(router_logits: torch.Tensor, experts: torch.Tensor, normalise: bool) -> torch.Tensor:
-    """The routing weights of `experts` [N, k] under the router's softmax over all experts (fp32),
-    renormalised over the k when the model normalises its top-k: differentiable in the logits."""
-    probabilities = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
-    weights = probabilities.gather(-1, experts)
-    return weights / weights.sum(dim=-1, keepdim=True) if normalise else weights
 
 
 def mismatch_share(used: list[torch.Tensor], own: list[torch.Tensor], valid: torch.Tensor) -> float:
