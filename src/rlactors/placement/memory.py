@@ -35,7 +35,7 @@ def count_parameters(model_path: str | Path) -> int | None:
     """Parameters of the model folder's architecture (tied weights once), or None without a
     readable config.json. Built on torch's meta device: nothing is allocated or downloaded.
     An MoE model counts every expert: memory holds them all."""
-    model = _meta_model(model_path)
+    model = meta_model(model_path)
     return None if model is None else sum(parameter.numel() for parameter in model.parameters())
 
 
@@ -45,7 +45,7 @@ def parameter_counts(model_path: str | Path) -> tuple[int, int] | None:
     A dense model's two counts are equal."""
     from rlactors.models.moe import active_parameters
 
-    model = _meta_model(model_path)
+    model = meta_model(model_path)
     return None if model is None else (sum(p.numel() for p in model.parameters()), active_parameters(model))
 
 
@@ -54,7 +54,7 @@ def adapter_parameter_count(model_path: str | Path, lora_config) -> int | None:
     (peft's own layers on a meta-device build), or None without a config.json."""
     from rlactors.models.lora import add_adapters
 
-    model = _meta_model(model_path)
+    model = meta_model(model_path)
     if model is None:
         return None
     import torch
@@ -68,12 +68,14 @@ def reward_model_parameter_counts(config) -> dict[str, int | None]:
     """Each reward model's parameters (`reward.models`, by name; None without a readable config.json)."""
     counts = {}
     for model in config.reward.models:
-        meta = _meta_model(model.path, classifier=model.kind == "classifier")
+        meta = meta_model(model.path, classifier=model.kind == "classifier")
         counts[model.name] = None if meta is None else sum(parameter.numel() for parameter in meta.parameters())
     return counts
 
 
-def _meta_model(model_path: str | Path, classifier: bool = False):
+def meta_model(model_path: str | Path, classifier: bool = False):
+    """The model folder's architecture built on torch's meta device (nothing allocated or read but
+    config.json), or None without a config.json; a config transformers cannot build is a ValueError."""
     config_file = Path(model_path) / "config.json"
     if not config_file.is_file():
         return None
@@ -87,7 +89,7 @@ def _meta_model(model_path: str | Path, classifier: bool = False):
                 return AutoModelForSequenceClassification.from_config(model_config)
             return AutoModelForCausalLM.from_config(model_config)
     except (ValueError, KeyError, OSError) as error:
-        raise ValueError(f"{config_file}: cannot build the model to count its parameters: {error}") from error
+        raise ValueError(f"{config_file}: cannot build the model: {error}") from error
 
 
 def estimate_memory(plan: ResourcePlan, config, num_parameters: int, device_memory_bytes: int | None = None,
