@@ -109,6 +109,25 @@ def test_routing_replay_on_a_dense_model_is_refused_naming_the_field(tmp_path, t
     check_model(config_for(tmp_path, tiny_moe_model_dir, "trainer.routing_replay=rollout"), tiny_moe_model_dir)
 
 
+def test_routing_replay_through_a_router_without_a_known_rule_is_refused_naming_its_class(tmp_path, tiny_model_dir):
+    """A GraniteMoE router weighs (and returns) its experts its own way: replaying through it would
+    fail at the first forward pass after the whole start-up, so the run stops before Ray."""
+    import shutil
+
+    from transformers import GraniteMoeConfig
+
+    model_dir = tmp_path / "granitemoe"
+    shutil.copytree(tiny_model_dir, model_dir, ignore=shutil.ignore_patterns("config.json", "*.safetensors"))
+    GraniteMoeConfig(vocab_size=256, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     num_key_value_heads=1, num_local_experts=4, num_experts_per_tok=2,
+                     max_position_embeddings=1024).save_pretrained(model_dir)
+    (model_dir / "model.safetensors").write_bytes(b"")  # never read: the model is built on the meta device
+    message = refusal(config_for(tmp_path, model_dir, "trainer.routing_replay=rollout"))
+    assert message.startswith(f"trainer.routing_replay=rollout: the model in {model_dir / 'config.json'}: ")
+    assert "router class GraniteMoeTopKRouter" in message and "Qwen3MoeTopKRouter" in message
+    assert "\n" not in message
+
+
 def test_model_context_is_not_judged_when_rope_scaling_extends_it(tmp_path, tiny_model_dir):
     assert model_context_tokens(tiny_model_dir) == 1024
     scaled = json.loads((tiny_model_dir / "config.json").read_text())

@@ -226,7 +226,8 @@ def model_context_tokens(model_path: str | Path) -> int | None:
 def check_model(config: Config, model_path: str | Path) -> None:
     """`rollout.max_model_len` within the model's context: vLLM refuses to start otherwise
     (unless VLLM_ALLOW_LONG_MAX_MODEL_LEN says to go past it). Routing is recorded only for a
-    mixture-of-experts model: the engines would fail to start finding no router. LoRA's target
+    mixture-of-experts model: the engines would fail to start finding no router; and replayed only
+    through routers whose weighing the trainer knows (`check_router_rules`). LoRA's target
     modules match some layer of the model (`check_lora_targets`)."""
     check_lora_targets(config.model.lora, model_path)
     if config.rollout.record_routing:
@@ -241,6 +242,8 @@ def check_model(config: Config, model_path: str | Path) -> None:
                 f"trainer.routing_replay=rollout (rollout.record_routing) needs a mixture-of-experts model; the "
                 f"model in {Path(model_path) / 'config.json'} ({model.get('model_type')}) has no experts"
             )
+        if model is not None and config.trainer.routing_replay == "rollout":
+            check_router_rules(model_path)
     limit = model_context_tokens(model_path)
     if limit is None or os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0") not in ("", "0"):
         return
@@ -263,6 +266,26 @@ def check_lora_targets(lora, model_path: str | Path) -> None:
         adapter_parameter_count(model_path, lora)
     except ValueError as error:  # names model.lora.target_modules (`rlactors.models.lora.add_adapters`)
         raise PreflightError(str(error)) from None
+
+
+def check_router_rules(model_path: str | Path) -> None:
+    """Every router class of the model (built on the meta device) has a rule in
+    `rlactors.trainer.routing_replay.ROUTER_RULES`: replay through another would fail only at the
+    first replayed forward pass, after the whole start-up; and a model whose routers replay does
+    not find would silently route itself."""
+    from rlactors.placement.memory import meta_model
+    from rlactors.trainer.routing_replay import find_routers, router_rule
+
+    config_file = Path(model_path) / "config.json"
+    try:
+        model = meta_model(model_path)
+        routers = {type(router): router for _, router in find_routers(model)}.values()
+        if not routers:
+            raise ValueError(f"routing replay finds no top-k router (a ...TopKRouter module) in {type(model).__name__}")
+        for router in routers:
+            router_rule(router)
+    except ValueError as error:
+        raise PreflightError(f"trainer.routing_replay=rollout: the model in {config_file}: {error}") from None
 
 
 # --------------------------------------------------------------------------------------------
