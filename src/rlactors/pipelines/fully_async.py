@@ -7,15 +7,16 @@ last published policy version, as veRL's rollouter does (dropped groups, which n
 not count); and the buffer never hands out a group older than `max_staleness` versions (stale ones
 are evicted and their prompts re-issued, or dropped).
 
-Nothing waits forever: the trainer's wait for a batch ends once no group has reached the buffer
-for `pipeline.batch_timeout_s` (`next_batch`), with what the producer, the buffer and each
-rollout replica were doing; the router finds a hung engine on its own (`rlactors.rollout.watchdog`).
 Weights are published every `trigger_parameter_sync_step` updates; with `rollout.partial_rollout`
 the engines interrupt in-flight responses at the sync and continue them with the new weights.
 With max_staleness=0, staleness_threshold=0 and trigger 1 this trains exactly like colocated.
 The trainer acks a batch after publishing the weights it trained: the room the ack frees in the
 buffer is then generated under those weights, never under the old ones just before the sync
 (whose groups would be a version staler than the rest, and with max_staleness 1 evicted).
+
+Nothing waits forever: the trainer's wait for a batch ends once no group has reached the buffer
+for `pipeline.batch_timeout_s` (`next_batch`), with what the producer, the buffer and each
+rollout replica were doing; the router finds a hung engine on its own (`rlactors.rollout.watchdog`).
 
 Where each pool's time goes is in every step's metrics: the trainer's phases and its wait for a
 batch (`timing_s/gen`), and the rollout side's `timing_s/rollout_generating|paused|idle|blocked`
@@ -133,7 +134,7 @@ class Producer(threading.Thread):
         elif self.num_kept >= self.quota:
             doing = "waiting for a publish (its quota is used)"
         else:
-            doing = f"waiting to reserve prompts (the buffer's backpressure), {self.clock.state}"
+            doing = "reserving prompts (the buffer holds it back while its capacity is taken)"
         return (f"{doing}; {self.num_kept} of its quota of {self.quota} kept group(s) used since policy_version "
                 f"{self.version} was published")
 
