@@ -206,6 +206,43 @@ def test_engine_core_stopped_in_async_mode_is_found_restarted_and_the_run_finish
     assert_no_leftovers(before)  # the stopped core went with its actor
 
 
+def test_an_async_run_whose_rollout_stops_delivering_ends_within_the_batch_timeout_naming_each_side(
+        ray_session, tmp_path, tiny_model_dir, monkeypatch):
+    """The engine core stopped after the first weight sync, with the watchdog and the heartbeat set
+    too slow to see it within the run (whatever else could keep the producer from putting): the
+    trainer's wait for a batch ends after pipeline.batch_timeout_s without a put, in one error
+    saying what the producer, the buffer and the replica were doing, and the run leaves nothing
+    behind. (In make test: the same wait over the real buffer, tests/pipelines/test_producer.py.)"""
+    from rlactors.pipelines.fully_async import Producer
+
+    routers = _capture_routers(monkeypatch)
+    on_published = Producer.on_published
+    stopped, stoppers = [], []
+
+    def on_published_then_core_stopped(producer, policy_version):
+        on_published(producer, policy_version)
+        if policy_version == 1:
+            stoppers.append(threading.Thread(target=_stop_engine_core, args=(routers[0], stopped)))
+            stoppers[-1].start()
+
+    monkeypatch.setattr(Producer, "on_published", on_published_then_core_stopped)
+    before = leftover_processes()
+    config = _config(tmp_path, tiny_model_dir, "pipeline.mode=async", "pipeline.num_steps=4",
+                     "rollout.stall_timeout_s=600", "rollout.health_timeout_s=600", "pipeline.batch_timeout_s=15")
+    with pytest.raises(TimeoutError) as raised:
+        run_pipeline(config)
+    for stopper in stoppers:
+        stopper.join(timeout=IN_FLIGHT_WAIT_S)
+
+    assert stopped, "the engine core was never stopped"
+    message = str(raised.value)
+    print(message)
+    for text in ("no group reached the replay buffer for 15 s (pipeline.batch_timeout_s)", "Producer: generating",
+                 "Buffer since the last batch: ", "reserved (in flight)", "Rollout: replica 0 healthy"):
+        assert text in message, message
+    assert_no_leftovers(before)  # the stopped core went with its actor
+
+
 @pytest.mark.extended  # the router out of replicas, naming each: tests/rollout/test_router.py
 def test_the_only_engine_killed_twice_stops_the_run_naming_it(ray_session, tmp_path, tiny_model_dir, monkeypatch):
     """Killed once after it started (Ray restarts it; the first generation waits for it, or meets

@@ -228,6 +228,8 @@ def run_fully_async(config: Config, model_path: str | None = None,
     finally:
         producer.stopping.set()
         if producer.is_alive():
-            producer.join(timeout=120)
+            # A finished run lets the producer end its round; a run that stopped on an error does
+            # not wait for it (it may be what hangs): the shutdown ends its calls.
+            producer.join(timeout=120 if run.finished else 5)
         run.shutdown()
     return history
