@@ -360,7 +360,9 @@ class VllmCalls:
             self._asked_at = time.monotonic()
             try:
                 await self.llm.is_sleeping()
-            except Exception:  # noqa: BLE001 - the core died: `llm.errored` says so, and every call raises
+            except Exception as error:  # noqa: BLE001 - a dead core: `llm.errored` says so, and every call raises
+                if not self.llm.errored:
+                    logger.warning("the engine core's heartbeat ended (a hung core is no longer told): %r", error)
                 return
             finally:
                 self._asked_at = None
