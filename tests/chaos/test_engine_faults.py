@@ -53,18 +53,23 @@ def _capture_routers(monkeypatch) -> list:
     return routers
 
 
-def _sigkill_engine(router, must_be_generating: bool = False) -> int:
-    """SIGKILL replica 0's actor process (if `must_be_generating`, once it has samples in flight);
-    returns its pid."""
+def _engine_health(router, must_be_generating: bool) -> dict:
+    """Replica 0's health() (if `must_be_generating`, once it has samples in flight)."""
     import ray
 
     deadline = time.monotonic() + IN_FLIGHT_WAIT_S
     while True:
         health = ray.get(router.engines[0].health.remote(), timeout=60)
         if not must_be_generating or health["num_in_flight_samples"] > 0:
-            break
+            return health
         assert time.monotonic() < deadline, f"the engine had nothing in flight for {IN_FLIGHT_WAIT_S:g} s"
         time.sleep(0.01)
+
+
+def _sigkill_engine(router, must_be_generating: bool = False) -> int:
+    """SIGKILL replica 0's actor process (if `must_be_generating`, once it has samples in flight);
+    returns its pid."""
+    health = _engine_health(router, must_be_generating)
     os.kill(health["pid"], signal.SIGKILL)
     return health["pid"]
 
@@ -131,14 +136,8 @@ def _stop_engine_core(router, stopped: list, must_be_generating: bool = True) ->
     in flight): its actor still answers everything, its core nothing. Appends (pid,
     time.monotonic()) to `stopped`."""
     import psutil
-    import ray
 
-    deadline = time.monotonic() + IN_FLIGHT_WAIT_S
-    while (health := ray.get(router.engines[0].health.remote(), timeout=60))["num_in_flight_samples"] == 0:
-        if not must_be_generating:
-            break
-        assert time.monotonic() < deadline, f"the engine had nothing in flight for {IN_FLIGHT_WAIT_S:g} s"
-        time.sleep(0.01)
+    health = _engine_health(router, must_be_generating)
     (core,) = [p for p in psutil.Process(health["pid"]).children() if "EngineCore" in p.name()]
     core.suspend()
     stopped.append((core.pid, time.monotonic()))
