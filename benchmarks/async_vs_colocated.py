@@ -1,11 +1,21 @@
 """Fully-async vs colocated, and where each pool's time goes in async mode: the same GRPO config on
-the `small` model, equal numbers of steps, one run.
+the `small` model, equal numbers of steps (so equal trained samples), one run.
 
 Colocated lets rollout and training take turns on both cores; async gives the rollout engine and
 the trainer one core each (`rollout.cpu_cores`, `trainer.cpu_cores`) and overlaps them, with one
-batch of look-ahead (staleness_threshold 1, max_staleness 1, partial rollouts, truncated IS).
-The reward is a toy one an untrained model can learn (the share of digits in the response), so
-the final rewards say whether both modes learn alike.
+batch of look-ahead (staleness_threshold 1, partial rollouts, truncated IS), its producer
+streaming groups through the engine (`rlactors.pipelines.fully_async.Producer`).
+
+Two workloads (`--workload`):
+- `uniform` (the default): `a+b=` prompts, responses capped at `--max-response-tokens` (16), a toy
+  reward an untrained model learns (the share of digits), from the random-init model;
+- `long-tail`: the `repeat` task (`rlactors.data.synthetic`), whose answers' lengths are
+  log-normal (the p99 about 8x the median, up to a few hundred tokens), from the `small` model after
+  a short supervised warm-up (`rlactors.demo.warm_up` with `REPEAT_WARMUP`), scored by its built-in
+  partial-credit reward. The lengths are the model's own: nothing forces them. Here a colocated
+  step waits for its longest response with its engine nearly empty, and async streams past it;
+  `max_staleness` 4 lets a long response span the syncs it takes.
+Either way the final rewards say whether both modes learn alike.
 
 In the async run, per timed step (the first `NUM_WARMUP_STEPS` are not timed), from its metrics:
 - the trainer: busy by phase (`timing_s/<phase>`) and its wait for a batch (`timing_s/gen`);
@@ -17,11 +27,13 @@ In the async run, per timed step (the first `NUM_WARMUP_STEPS` are not timed), f
 or the engine's generating time) / (async step); `trainer_wait_share` = wait / step;
 `rollout_blocked_share` = producer blocked / step; `rollout_efficiency` = generating / (the
 engine's time less what the producer was blocked): the rollout side's own bubbles, which bound
-`async_efficiency` where the rollout pool is the busier; `speedup` = colocated step / async step. Shares
-are of the timed steps' means (the rollout pool's seconds are read once a producer round, so a
-single step's can be a round late; their sum over the timed steps is exact up to one round).
+`async_efficiency` where the rollout pool is the busier; `speedup` = colocated seconds per trained
+sample / async's (the same samples per step: the step ratio). Shares are of the timed steps' means.
+`occupancy`: each mode's engine mean running sequences over its generating time / its
+max_num_seqs (`rollout/occupancy`), the timed steps' mean; `response_length_percentiles`: the
+timed steps' mean p50, p90, p99 and the largest response, per mode.
 
-    .venv/bin/python benchmarks/async_vs_colocated.py [--num-steps 20] [--max-response-tokens 16]
+    .venv/bin/python benchmarks/async_vs_colocated.py [--workload uniform|long-tail] [--num-steps 20]
 
 Prints one JSON line per mode, then one final JSON line.
 """
@@ -44,22 +56,33 @@ HERE = Path(__file__).resolve().parent
 NUM_WARMUP_STEPS = 2
 TRAINER_PHASES = ("assemble", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "weight_sync")
 ROLLOUT_STATES = ("generating", "paused", "idle", "blocked")
+LONG_TAIL_MAX_RESPONSE_TOKENS = 320  # above the task's longest answer: the lengths are the model's
 
 
-def overrides(mode: str, model_path: Path, output_dir: Path, num_steps: int, max_response_tokens: int) -> list[str]:
+def workload_overrides(workload: str, max_response_tokens: int) -> list[str]:
+    if workload == "uniform":
+        return ["data.task=arithmetic", "data.num_train_rows=2000", f"rollout.max_model_len={48 + max_response_tokens}",
+                f"rollout.sampling.max_response_tokens={max_response_tokens}",
+                f"rollout.validation_sampling.max_response_tokens={max_response_tokens}",
+                f"reward.custom_function={HERE / 'digit_reward.py'}:compute_score", "trainer.optim.lr=5e-4"]
+    return ["data.task=repeat", "data.num_train_rows=4000",
+            f"rollout.max_model_len={32 + LONG_TAIL_MAX_RESPONSE_TOKENS}",
+            f"rollout.sampling.max_response_tokens={LONG_TAIL_MAX_RESPONSE_TOKENS}",
+            f"rollout.validation_sampling.max_response_tokens={LONG_TAIL_MAX_RESPONSE_TOKENS}", "trainer.optim.lr=1e-4"]
+
+
+def overrides(mode: str, workload: str, model_path: Path, output_dir: Path, num_steps: int,
+              max_response_tokens: int) -> list[str]:
     common = [
-        f"model.path={model_path}", "model.preset=small", "data.task=arithmetic", "data.num_train_rows=2000",
-        "data.num_val_rows=32", f"rollout.max_model_len={48 + max_response_tokens}",
-        "rollout.sampling.num_samples_per_prompt=8", f"rollout.sampling.max_response_tokens={max_response_tokens}",
-        f"rollout.validation_sampling.max_response_tokens={max_response_tokens}",
-        f"reward.custom_function={HERE / 'digit_reward.py'}:compute_score",
-        "trainer.optim.lr=5e-4", f"pipeline.num_steps={num_steps}", "pipeline.batch_size_prompts=16",
+        f"model.path={model_path}", "model.preset=small", "data.num_val_rows=32",
+        "rollout.sampling.num_samples_per_prompt=8", f"pipeline.num_steps={num_steps}", "pipeline.batch_size_prompts=16",
         "pipeline.val_every_steps=0", f"pipeline.output_dir={output_dir}", "pipeline.resume=never",
-        f"pipeline.mode={mode}",
+        f"pipeline.mode={mode}", *workload_overrides(workload, max_response_tokens),
     ]
     if mode == "async":
-        common += ["buffer.staleness_threshold=1.0", "buffer.max_staleness=1", "rollout.partial_rollout=true",
-                   "algorithm.rollout_correction.importance_level=token", "rollout.cpu_cores=[0]", "trainer.cpu_cores=[1]"]
+        common += ["buffer.staleness_threshold=1.0", f"buffer.max_staleness={1 if workload == 'uniform' else 4}",
+                   "rollout.partial_rollout=true", "algorithm.rollout_correction.importance_level=token",
+                   "rollout.cpu_cores=[0]", "trainer.cpu_cores=[1]"]
     return common
 
 
@@ -67,10 +90,10 @@ def mean_of(history: list[dict], key: str) -> float:
     return statistics.mean(h.get(key, 0.0) for h in history)
 
 
-def run_mode(mode: str, model_path: Path, work: Path, num_steps: int, max_response_tokens: int) -> dict:
+def run_mode(mode: str, workload: str, model_path: Path, work: Path, num_steps: int, max_response_tokens: int) -> dict:
     output_dir = work / mode
     watch = IdleWatch(output_dir / "metrics.jsonl", 1 + NUM_WARMUP_STEPS, 1 + num_steps)  # line 1: step 0
-    config = load_config(None, overrides(mode, model_path, output_dir, num_steps, max_response_tokens))
+    config = load_config(None, overrides(mode, workload, model_path, output_dir, num_steps, max_response_tokens))
     history = [h for h in run_pipeline(config) if h["step"] > 0]
     timed = history[NUM_WARMUP_STEPS:]
     step_s = mean_of(timed, "timing_s/step")
@@ -80,6 +103,11 @@ def run_mode(mode: str, model_path: Path, work: Path, num_steps: int, max_respon
         "reward": statistics.mean(h["reward/mean"] for h in history[-5:]),
         "first_reward": history[0]["reward/mean"],
         "staleness_max": max(h["staleness/max"] for h in history),
+        "occupancy": statistics.mean(h["rollout/occupancy"] for h in timed if "rollout/occupancy" in h),
+        "response_length_percentiles": {
+            **{f"p{q}": round(mean_of(timed, f"response_length/p{q}"), 1) for q in (50, 90, 99)},
+            "max": max(h["response_length/max"] for h in timed)},
+        "evicted_stale": sum(h.get("buffer/num_evicted_stale", 0) for h in history),
         "core_idle_shares": watch.shares(),
         "trainer_phases_s": {phase: round(mean_of(timed, f"timing_s/{phase}"), 4) for phase in TRAINER_PHASES
                              if mean_of(timed, f"timing_s/{phase}") > 0},
@@ -100,27 +128,45 @@ def rollout_efficiency(rollout_s: dict[str, float]) -> float:
     return rollout_s["generating"] / max(unblocked_s, 1e-9)
 
 
+def starting_model(workload: str, work: Path) -> Path:
+    """The random-init `small` model, warmed up on the task first for the long tail (its lengths
+    must be the model's own answers)."""
+    model_path = build_tiny_model(work / "model", "small", seed=0)
+    if workload == "uniform":
+        return model_path
+    from rlactors.demo import REPEAT_WARMUP, warm_up
+    from rlactors.pipelines.build import init_ray
+
+    config = load_config(None, overrides("colocated", workload, model_path, work / "warm_up", 1, 0))
+    init_ray(work / "logs")
+    return warm_up(config, model_path, work / "warm_model", settings=REPEAT_WARMUP)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--workload", choices=("uniform", "long-tail"), default="uniform")
     parser.add_argument("--num-steps", type=int, default=20)
     parser.add_argument("--max-response-tokens", type=int, default=16,
-                        help="the responses' length cap (the trainer is the busier pool here at 16 and at 64)")
+                        help="uniform: the responses' length cap (the trainer is the busier pool here at 16 and at 64)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="async_vs_colocated_"))
-    model_path = build_tiny_model(work / "model", "small", seed=0)
+    model_path = starting_model(args.workload, work)
     results = {}
     for mode in ("colocated", "async"):
-        results[mode] = run_mode(mode, model_path, work, args.num_steps, args.max_response_tokens)
+        results[mode] = run_mode(mode, args.workload, model_path, work, args.num_steps, args.max_response_tokens)
         print(mode, json.dumps(results[mode]), flush=True)
     colocated, fully_async = results["colocated"], results["async"]
     step_s, generating_s = fully_async["step_s"], fully_async["rollout_s"]["generating"]
     busier = "trainer" if fully_async["trainer_busy_s"] >= generating_s else "rollout"
     print(json.dumps({
+        "workload": args.workload,
         "num_steps": args.num_steps,
-        "max_response_tokens": args.max_response_tokens,
+        "max_response_tokens": args.max_response_tokens if args.workload == "uniform" else LONG_TAIL_MAX_RESPONSE_TOKENS,
         "colocated_step_s": round(colocated["step_s"], 4),
         "async_step_s": round(step_s, 4),
         "speedup": round(colocated["step_s"] / step_s, 3),
+        "occupancy": {mode: round(results[mode]["occupancy"], 3) for mode in results},
+        "response_length_percentiles": {mode: results[mode]["response_length_percentiles"] for mode in results},
         "async_efficiency": round(max(fully_async["trainer_busy_s"], generating_s) / step_s, 3),
         "busier_pool": busier,
         "trainer_wait_share": round(fully_async["trainer_wait_s"] / step_s, 3),
@@ -135,6 +181,7 @@ def main() -> None:
         "colocated_first_reward": round(colocated["first_reward"], 4),
         "async_first_reward": round(fully_async["first_reward"], 4),
         "async_staleness_max": fully_async["staleness_max"],
+        "async_evicted_stale": fully_async["evicted_stale"],
     }))
 
 

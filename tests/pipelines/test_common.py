@@ -138,3 +138,18 @@ def test_each_part_of_the_reward_is_logged_beside_their_sum():
     alone = describe_batch(SampledBatch(0, 0, [Group(PromptRequest("p", [1, 2]), samples)], staleness=[0],
                                         epochs=[0]), None)
     assert alone.score_parts == {} and "reward/function/mean" not in common.rollout_metrics(alone, 8)
+
+
+def test_occupancy_is_the_engines_mean_running_requests_over_their_generating_time_over_max_num_seqs():
+    from rlactors.pipelines.common import rollout_occupancy
+
+    def clocks(generating_s, running_request_s):
+        return {"time_s": {"generating": generating_s, "paused": 0.0, "idle": 5.0},
+                "running_request_s": running_request_s, "max_num_seqs": 64}
+
+    # 2 s generating, 96 running requests x s: 48 running on average, 0.75 of 64
+    assert rollout_occupancy(clocks(10.0, 300.0), clocks(12.0, 396.0)) == {
+        "rollout/running_requests_mean": 48.0, "rollout/occupancy": 0.75}
+    assert rollout_occupancy({}, clocks(1.0, 1.0)) == {}  # no engine was live at the first reading
+    assert rollout_occupancy(clocks(10.0, 300.0), clocks(10.0, 300.0)) == {}  # nothing generated
+    assert rollout_occupancy(clocks(10.0, 300.0), clocks(1.0, 20.0)) == {}  # a replica restarted in between

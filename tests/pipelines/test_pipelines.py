@@ -208,12 +208,15 @@ def test_async_with_staleness_and_partial_rollouts_keeps_the_bound(warm_actors, 
     # the room the ack frees is generated under them, so no group goes stale waiting in the queue.
     assert sum(h["buffer/num_evicted_stale"] for h in history[1:]) == 0
     # Where the rollout side's time went, step by step: the engine generated, paused for each
-    # publish, and its clock never counts more time than the steps took (it is read a round late).
+    # publish, and its clock never counts more time than the steps took (read at each step's end).
     spent = {state: sum(h[f"timing_s/rollout_{state}"] for h in history[1:])
              for state in ("generating", "paused", "idle", "blocked")}
     assert spent["generating"] > 0 and spent["paused"] > 0, spent
     engine_s = spent["generating"] + spent["paused"] + spent["idle"]
     assert engine_s <= sum(h["timing_s/step"] for h in history[1:]) + 1.0, spent
+    # How full the engine was while it generated: the streaming producer's groups, never more than it runs.
+    occupancy = [h["rollout/occupancy"] for h in history[1:] if "rollout/occupancy" in h]
+    assert occupancy and all(0 < share <= 1 for share in occupancy), occupancy
 
 
 @pytest.mark.slow  # the per-token guarantee is in make test at the engine (rollout/test_engine.py, partial rollout)

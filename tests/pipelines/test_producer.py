@@ -5,6 +5,7 @@ producer counts against its quota per published version, and the trainer's bound
 from __future__ import annotations
 
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -27,31 +28,67 @@ DAPO_ASYNC = ["pipeline.mode=async", "pipeline.batch_size_prompts=128", "pipelin
 
 
 class InstantRouter:
-    """Answers each request at once with a group of `num_samples` one-token samples labelled with
-    the version it holds; `flat(prompt_id)` says which prompts score 0 on every sample (zero
-    variance: dynamic sampling drops them), the others score 0 and 1 in turn. After `stop_after`
-    groups its stream goes quiet, as a stalled engine's, until `resume` is set."""
+    """Answers each request with a group of `num_samples` one-token samples labelled with the
+    version it holds, `per_call` groups per read of its stream (oldest first; None: all at once);
+    `flat(prompt_id)` says which prompts score 0 on every sample (zero variance: dynamic sampling
+    drops them), the others score 0 and 1 in turn. After `stop_after` groups its stream goes quiet,
+    as a stalled engine's, until `resume` is set. `adds` records, per `add`, how many groups came
+    and how many were in flight before."""
 
-    def __init__(self, num_samples: int, flat, stop_after: int | None = None):
-        self.num_samples, self.flat, self.stop_after = num_samples, flat, stop_after
+    def __init__(self, num_samples: int, flat, stop_after: int | None = None, per_call: int | None = None,
+                 capacity: int = 0):
+        self.num_samples, self.flat, self.stop_after, self.per_call = num_samples, flat, stop_after, per_call
+        self.max_num_seqs = capacity
         self.policy_version, self.num_generated = 0, 0
         self.resume = threading.Event()
+        self.adds: list[tuple[int, int]] = []
+        self.closed_with: list[str] | None = None  # the group_ids in flight when the producer closed its stream
 
-    def generate_refs(self, requests):
-        for request in requests:
-            if self.stop_after is not None and self.num_generated >= self.stop_after:
-                self.resume.wait(timeout=120)
-            self.num_generated += 1
-            scores = [0.0 if self.flat(request.prompt_id) else float(k % 2) for k in range(self.num_samples)]
-            samples = [Sample(request.prompt_id, k, list(request.prompt_token_ids), [7], [-0.1], [self.policy_version],
-                              score=score) for k, score in enumerate(scores)]
-            yield None, ray.put(Group(request, samples))
+    def stream(self):
+        return InstantStream(self)
 
-    def time_s(self) -> dict[str, float]:
+    def answer(self, request):
+        self.num_generated += 1
+        scores = [0.0 if self.flat(request.prompt_id) else float(k % 2) for k in range(self.num_samples)]
+        samples = [Sample(request.prompt_id, k, list(request.prompt_token_ids), [7], [-0.1], [self.policy_version],
+                          score=score) for k, score in enumerate(scores)]
+        return SimpleNamespace(group_id=request.group_id), ray.put(Group(request, samples))
+
+    def capacity(self) -> int:
+        return self.max_num_seqs
+
+    def clocks(self) -> dict:
         return {}
 
     def health(self) -> list[dict]:
         return [{"replica": 0, "state": "healthy", "num_failures": 0, "last_error": None}]
+
+
+class InstantStream:
+    def __init__(self, router: InstantRouter):
+        self.router, self.queue = router, []
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self.queue)
+
+    def add(self, requests, sampling=None):
+        self.router.adds.append((len(requests), len(self.queue)))
+        self.queue += requests
+
+    def next_done(self, timeout_s: float):
+        router, done = self.router, []
+        while self.queue and (router.per_call is None or len(done) < router.per_call):
+            if router.stop_after is not None and router.num_generated >= router.stop_after \
+                    and not router.resume.is_set():
+                router.resume.wait(timeout=timeout_s)
+                break
+            done.append(router.answer(self.queue.pop(0)))
+        return done
+
+    def close(self):
+        self.router.closed_with = [r.group_id for r in self.queue]
+        self.queue = []
 
 
 def a_run(tmp_path, overrides: list[str], router) -> SimpleNamespace:
@@ -97,7 +134,7 @@ def test_dropped_groups_leave_the_quota_so_a_third_flat_keeps_publishing(ray_ses
 
 
 def test_the_trainer_s_wait_ends_when_no_group_arrives_and_says_what_each_side_was_doing(ray_session, tmp_path):
-    """An engine that goes quiet mid-chunk: the trainer's wait, bounded by progress, ends after
+    """An engine that goes quiet mid-batch: the trainer's wait, bounded by progress, ends after
     `timeout_s` without a put and names the producer's state and the buffer's counts."""
     router = InstantRouter(4, flat=lambda prompt_id: False, stop_after=5)
     run = a_run(tmp_path, ["pipeline.mode=async", "pipeline.batch_size_prompts=8",
@@ -112,11 +149,72 @@ def test_the_trainer_s_wait_ends_when_no_group_arrives_and_says_what_each_side_w
         producer.stopping.set()
         producer.join(timeout=60)
     message = str(raised.value)
+    # Streaming: the five groups before the stall were put one by one; three are still generating.
     for text in ("no batch of 8 group(s) for policy_version 0", "no group reached the replay buffer for 3 s "
-                 "(pipeline.batch_timeout_s)", "Producer: generating 8 group(s); 0 of its quota of 8",
-                 "Buffer since the last batch: 0 group(s) put", "8 reserved (in flight)", "replica 0 healthy"):
+                 "(pipeline.batch_timeout_s)", "Producer: generating 3 group(s); 5 of its quota of 8",
+                 "Buffer since the last batch: 5 group(s) put", "3 reserved (in flight)", "replica 0 healthy"):
         assert text in message, message
     ray.kill(run.buffer.actor)
+
+
+def settles(read, timeout_s: float = 30.0, still_s: float = 1.0):
+    """`read()` once it has not changed for `still_s` (the producer went as far as it may)."""
+    deadline, last, since = time.monotonic() + timeout_s, read(), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = read()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= still_s:
+            return now
+    raise TimeoutError(f"still changing after {timeout_s:g} s: {last}")
+
+
+def test_the_producer_streams_one_group_per_finished_one_within_its_quota_the_backpressure_and_a_stop(
+        ray_session, tmp_path):
+    """Groups finish one at a time: the producer fills its target in flight once, then sends one
+    group per finished one (no batch barrier), stops at its quota of kept groups without a publish,
+    holds still under the buffer's backpressure after one, and on a stop ends at once, closing its
+    stream with what was still generating."""
+    router = InstantRouter(4, flat=lambda prompt_id: False, per_call=1)
+    run = a_run(tmp_path, ["pipeline.mode=async", "pipeline.batch_size_prompts=8", "pipeline.num_groups_in_flight=6",
+                           "buffer.staleness_threshold=1.0", "buffer.max_staleness=4",
+                           "rollout.sampling.num_samples_per_prompt=4"], router)
+    producer = Producer(run)
+    assert producer.quota == 16
+    producer.start()
+    try:
+        assert settles(lambda: router.num_generated) == 16  # the quota: 2 batches kept per published version
+        assert router.adds[0] == (6, 0) and set(router.adds[1:]) == {(1, 5)}
+        assert sum(n for n, _ in router.adds) == 16
+        assert run.buffer.metrics()["num_queued"] == 16
+
+        run.policy_version = router.policy_version = 1  # a publish with nothing trained: the buffer is full
+        run.buffer.set_policy_version(1)
+        producer.on_published(1)
+        blocked_before = producer.clock.seconds()["blocked"]
+        assert settles(lambda: router.num_generated, still_s=1.5) == 16
+        assert producer.clock.seconds()["blocked"] - blocked_before >= 1.0
+        assert "the buffer holds it back" in producer.describe()
+
+        router.stop_after = 16  # from here on nothing finishes
+        sampled = next_batch(run, producer, timeout_s=30.0)
+        run.buffer.ack(sampled.batch_id)  # room for 8: the target of 6 goes out and stays in flight
+        settles(lambda: len(router.adds))
+    finally:
+        producer.stopping.set()
+        producer.join(timeout=10)
+    assert not producer.is_alive() and producer.error is None
+    assert router.closed_with is not None and len(router.closed_with) == 6
+    ray.kill(run.buffer.actor)
+
+
+def test_groups_to_fill_the_engines():
+    from rlactors.pipelines.fully_async import groups_to_fill
+
+    assert groups_to_fill(capacity=256, num_samples=8, num_engines=1, batch_size=16) == 33  # 32 fill it, 1 spare
+    assert groups_to_fill(capacity=2 * 100, num_samples=8, num_engines=2, batch_size=16) == 27  # ceil(200 / 8) + 2
+    assert groups_to_fill(capacity=64, num_samples=8, num_engines=1, batch_size=16) == 16  # at least a batch
 
 
 def test_the_batch_wait_s_default_covers_finding_and_restarting_a_hung_engine_and_scoring_a_group():

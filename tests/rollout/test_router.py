@@ -106,10 +106,10 @@ def test_a_lost_result_fails_its_replica_and_its_requests_are_resent(router, ref
     and the (still living) replica is taken back after a weight reload."""
     import ray
 
-    from rlactors.rollout.router import RolloutRouter
+    from rlactors.rollout import stream as generation_stream
 
     _, tokenizer = reference
-    read = RolloutRouter._read
+    read = generation_stream.read_item
     lost = []
 
     def read_losing_the_first_summary(stream, unconfirmed, timeout_s):
@@ -119,7 +119,7 @@ def test_a_lost_result_fails_its_replica_and_its_requests_are_resent(router, ref
             raise ray.exceptions.ObjectLostError(confirmed[1].hex(), None, "")
         return confirmed
 
-    monkeypatch.setattr(RolloutRouter, "_read", staticmethod(read_losing_the_first_summary))
+    monkeypatch.setattr(generation_stream, "read_item", read_losing_the_first_summary)
     failures_before = [h["num_failures"] for h in router.health()]
     resent_before = router.num_resent
     requests = prompts(tokenizer, [f"lost {i}:" for i in range(8)], prefix="l")

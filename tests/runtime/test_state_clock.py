@@ -39,3 +39,18 @@ def test_reset_starts_over_and_an_unknown_state_is_refused():
         clock.switch("asleep")
     with pytest.raises(ValueError, match="'asleep' is not one of"):
         StateClock(("working", "blocked"), "asleep")
+
+
+def test_a_level_clock_sums_level_times_seconds_and_its_mean_over_a_span_is_the_mean_level():
+    from rlactors.runtime.state_clock import LevelClock
+
+    time = FakeTime()
+    running = LevelClock(now=time)
+    time.now += 2.0  # level 0 until set
+    running.set(4)
+    time.now += 1.0
+    before = running.total()
+    running.set(1)
+    time.now += 3.0
+    assert running.total() == 4 * 1.0 + 1 * 3.0
+    assert (running.total() - before) / 3.0 == 1.0  # the mean level over the last 3 s

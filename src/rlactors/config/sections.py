@@ -115,6 +115,11 @@ class RolloutConfig(Section):
     cpu_kv_cache_bytes: int = Field(
         1 << 30, ge=1 << 26, description="KV cache size on CPU (vLLM's VLLM_CPU_KVCACHE_SPACE)."
     )
+    max_num_seqs: int | None = Field(
+        None, ge=1, description="Most sequences an engine runs at once (vLLM's max_num_seqs; more wait in its queue). "
+        "The engines' occupancy (`rollout/occupancy`) is their mean running sequences over this; async mode keeps "
+        "enough groups in flight to fill it (pipeline.num_groups_in_flight). null: vLLM's default.",
+    )
     cpu_cores: list[int] | None = Field(
         None, description="CPU only: cores the engine's compute threads are bound to (VLLM_CPU_OMP_THREADS_BIND); "
         "null keeps vLLM's own binding.",
@@ -383,6 +388,12 @@ class PipelineConfig(Section):
     placement_timeout_s: float = Field(
         120.0, gt=0, description="Most seconds to wait for the run's placement groups (its devices and CPUs) "
         "before failing with the resources that are missing.",
+    )
+    num_groups_in_flight: int | None = Field(
+        None, ge=1, description="Async mode: groups the producer keeps generating at once, topping up as each one "
+        "finishes (within the staleness quota and the buffer's backpressure), so the engines never wait for a batch's "
+        "longest response. null: enough to fill every engine's max_num_seqs with the groups' samples, plus one group "
+        "per engine, and at least batch_size_prompts.",
     )
     batch_timeout_s: float | None = Field(
         None, gt=0, description="Async mode: most seconds the trainer waits for its next batch while no group reaches "

@@ -30,8 +30,10 @@ One GRPO step, file by file (colocated; `Run` is built once by `build.build_run`
       common.end_step                metrics, validation and checkpoints (checkpointing) every few steps
 
 Fully-async (`fully_async.run_fully_async`) runs the same pieces on two threads of the driver: the
-`Producer` thread loops feed_prompts -> BufferClient.reserve -> common.generate_and_put until the
-buffer kept `capacity_groups` per published version, while the trainer thread loops BufferClient.sample ->
+`Producer` thread streams, keeping `pipeline.num_groups_in_flight` groups generating on one open
+rollout/stream.GenerationStream (router.stream) and topping it up group by group (feed_prompts ->
+BufferClient.reserve -> stream.add; each finished group -> RewardPool.score -> BufferClient.put_refs)
+within `capacity_groups` kept per published version, while the trainer thread loops BufferClient.sample ->
 prepare_batch -> update -> sync_weights -> ack on devices of its own, telling the producer each
 published version (the ack comes last: the room it frees is generated under the new weights).
 Every call to an actor is bounded (`rlactors.runtime.calls`); `teardown` stops whatever a run started.

@@ -26,6 +26,7 @@ from rlactors.pipelines.common import (
     finish,
     prepare_batch,
     produce,
+    rollout_occupancy,
     sync_weights,
     timed,
     update,
@@ -87,10 +88,10 @@ def run_colocated(config: Config, model_path: str | None = None,
     try:
         logger = begin(run, history)
         while run.step < config.pipeline.num_steps:
-            start = time.perf_counter()
+            start, clocks = time.perf_counter(), run.router.clocks()
             sampled = fill_batch(run, config.pipeline.batch_size_prompts)
             generated = time.perf_counter()
-            timings: dict[str, float] = {}
+            timings: dict[str, float] = rollout_occupancy(clocks, run.router.clocks())
             with timed(timings, "sleep"):
                 run.router.sleep()  # frees KV cache and weights on GPU; only a state change on CPU
                 run.reward.offload()  # reward models on these devices too (every group is scored by now)

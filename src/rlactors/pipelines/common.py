@@ -215,6 +215,8 @@ def rollout_metrics(sampled: SampledBatchRef, max_response_tokens: int) -> dict[
         "reward/num_score_errors": float(sampled.num_score_errors),
         "response_length/mean": float(lengths.mean()),
         "response_length/max": float(lengths.max()),
+        # The tail a colocated step waits for (a fully-async one streams past it).
+        **{f"response_length/p{q}": float(np.percentile(lengths, q)) for q in (50, 90, 99)},
         "response_length/clip_ratio": float((lengths >= max_response_tokens).mean()),
         "response/model_tokens_mean": float(model_tokens.mean()),
         "response/observation_tokens_mean": float((lengths - model_tokens).mean()),
@@ -229,6 +231,22 @@ def rollout_metrics(sampled: SampledBatchRef, max_response_tokens: int) -> dict[
         metrics["reward/acc"] = float(np.mean(accuracy))
     metrics |= {f"reward/{name}/mean": float(np.mean(values)) for name, values in sampled.score_parts.items()}
     return metrics
+
+
+def rollout_occupancy(before: dict, after: dict) -> dict[str, float]:
+    """The engines' occupancy between two `RolloutRouter.clocks()` readings: their mean running
+    requests over the time they generated (`rollout/running_requests_mean`), and that as a share of
+    their `max_num_seqs` (`rollout/occupancy`; 1: full the whole time). A long tail shows as a
+    falling occupancy: the last responses run with few others beside them. {} when either reading
+    is empty, nothing was generated, or a replica restarted in between (its clocks started again)."""
+    if not before or not after or not after["max_num_seqs"]:
+        return {}
+    generating_s = after["time_s"]["generating"] - before["time_s"]["generating"]
+    running_request_s = after["running_request_s"] - before["running_request_s"]
+    if generating_s <= 0 or running_request_s < 0:
+        return {}
+    running = running_request_s / generating_s
+    return {"rollout/running_requests_mean": running, "rollout/occupancy": running / after["max_num_seqs"]}
 
 
 def validate(run: Run) -> dict[str, float]:

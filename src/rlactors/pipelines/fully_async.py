@@ -1,6 +1,12 @@
 """Fully-async driver: the rollout side generates continuously into the replay buffer while the
 trainer consumes batches as soon as they are ready, on separate devices.
 
+The rollout side streams (`Producer`): it keeps `pipeline.num_groups_in_flight` groups generating
+(by default enough to fill every engine's `max_num_seqs`), and as each group finishes it is scored
+and put in the buffer and the next prompt is sent, so the engines stay full while the longest
+responses of a batch run (a long tail costs colocated mode a nearly empty engine; here only its own
+slots). `rollout/occupancy` in each step's metrics says how full the engines were.
+
 Staleness is bounded twice. The producer generates until the buffer has kept `capacity_groups`
 (= (1 + staleness_threshold) x batch_size_prompts x trigger_parameter_sync_step) groups since the
 last published policy version, as veRL's rollouter does (dropped groups, which no batch trains, do
@@ -33,6 +39,8 @@ from __future__ import annotations
 import threading
 import time
 
+import ray
+
 from rlactors.buffer.records import DROP_KINDS, capacity_groups
 from rlactors.config import Config
 from rlactors.pipelines.build import Run, build_run
@@ -41,8 +49,9 @@ from rlactors.pipelines.common import (
     end_step,
     feed_prompts,
     finish,
-    generate_and_put,
     prepare_batch,
+    rollout_occupancy,
+    scoring_bound_s,
     sync_weights,
     update,
 )
@@ -51,44 +60,52 @@ from rlactors.runtime.state_clock import StateClock
 
 
 class Producer(threading.Thread):
-    """Driver-side rollout loop: reserve -> generate -> score -> put, until the buffer has kept
-    `quota` groups generated since the last published policy version. Errors are kept in `error`
-    for the trainer loop to raise.
+    """Driver-side rollout loop that streams: it keeps `target` groups generating on the engines
+    and tops them up as each finishes (reserve -> generate -> score -> put, one group at a time), so
+    a long response holds its own slot only, never the engines. Errors are kept in `error` for the
+    trainer loop to raise.
 
-    Only kept groups count against the quota: a group the buffer drops (zero variance under dynamic
-    sampling, a rollout error, too stale) takes no room in a batch, and counting it would leave the
-    producer waiting for a publish that waits for the batch those groups did not fill (a deadlock
-    whenever more than quota - groups per sync of them are dropped). The buffer's own bounds still
-    hold: its backpressure (the same quota of groups not yet trained) and dynamic sampling's
-    `max_generation_rounds`, which ends a window of dropped groups with a short batch or an error.
+    The staleness bound: a window per published policy version, in which the groups reserved may
+    fill at most `quota` groups the buffer keeps (`in_window` reserved and still in flight count as
+    if kept, so the quota is never passed). Only kept groups count: a group the buffer drops (zero
+    variance under dynamic sampling, a rollout error, too stale) takes no room in a batch, and
+    counting it would leave the producer waiting for a publish that waits for the batch those
+    groups did not fill. A publish opens the next window; groups of older windows still in flight
+    finish (partial rollouts carry them across the update) and count against none. The buffer's own
+    bounds still hold: its backpressure (at most its capacity of groups not yet trained) and dynamic
+    sampling's `max_generation_rounds`.
 
     Where the rollout side's time goes, for the step metrics (`time_metrics`): this thread is
-    `blocked` while the staleness bound (the quota, the buffer's backpressure) lets it reserve
-    nothing, else `working`; after each round it reads the engines' own clocks (generating, paused
-    for a weight update, idle; `RolloutRouter.time_s`). It feeds the buffer before every
-    reservation, so the engines never wait for lack of prompts."""
+    `blocked` while it has room on the engines but the staleness bound (the quota, the buffer's
+    backpressure) lets it reserve nothing, else `working`; beside it, the engines' own clocks
+    (generating, paused for a weight update, idle, and their occupancy: `RolloutRouter.clocks`). It
+    feeds the buffer before every reservation, so the engines never wait for lack of prompts."""
 
     def __init__(self, run: Run):
         super().__init__(name="rollout-producer", daemon=True)
         pipeline = run.config.pipeline
         self.run_state = run
-        self.batch_size = pipeline.batch_size_prompts
         self.quota = capacity_groups(pipeline.batch_size_prompts, pipeline.trigger_parameter_sync_step,
                                      run.config.buffer.staleness_threshold)
+        self.target = pipeline.num_groups_in_flight or pipeline.batch_size_prompts  # `start` fills the engines
         self.published = threading.Condition()
         self.published_version = run.policy_version
         self.stopping = threading.Event()
         self.error: BaseException | None = None
         self.clock = StateClock(("working", "blocked"), "working")
-        self.engine_time_s: dict[str, float] = {}  # the engines' clocks as last read (this thread writes it)
         self._reported: dict[str, float] = {}  # what `time_metrics` last reported (the trainer thread's)
+        self._reported_clocks: dict = {}
         # What this thread is doing, for `describe` (written here, read by the trainer thread).
-        self.version = run.policy_version  # the published version whose quota is being filled
-        self.num_kept = 0  # groups kept by the buffer, generated since `version` was published
-        self.num_in_flight = 0  # groups reserved and not yet put back
+        self.version = run.policy_version  # the published version whose window is open
+        self.num_kept = 0  # groups of this window the buffer kept
+        self.in_window: set[str] = set()  # group_ids of this window reserved and not yet put back
+        self.num_in_flight = 0  # groups reserved and not yet put back, of every window
 
     def start(self) -> None:
-        self.engine_time_s = self.run_state.router.time_s()
+        router, config = self.run_state.router, self.run_state.config
+        if config.pipeline.num_groups_in_flight is None:
+            self.target = groups_to_fill(router.capacity(), config.rollout.sampling.num_samples_per_prompt,
+                                         config.rollout.num_engines, config.pipeline.batch_size_prompts)
         self.time_metrics()  # the baseline: each step reports the time since the one before
         super().start()
 
@@ -100,30 +117,68 @@ class Producer(threading.Thread):
 
     def run(self) -> None:
         run = self.run_state
+        stream = run.router.stream()
+        puts: dict = {}  # ref of a put -> (group_id, its deadline)
+        bound_s = scoring_bound_s(run.config, 1, run.config.rollout.sampling.num_samples_per_prompt)
         try:
             while not self.stopping.is_set():
-                with self.published:
-                    if self.published_version != self.version:
-                        self.version, self.num_kept = self.published_version, 0
-                    if self.num_kept >= self.quota:
-                        self.clock.switch("blocked")
-                        self.published.wait(timeout=0.5)
-                        continue
-                self.clock.switch("working")
-                pending = run.buffer.num_pending()
-                if pending < self.batch_size:
-                    feed_prompts(run, self.batch_size - pending)  # cursor and buffer move together (its lock)
-                self.clock.switch("blocked")
-                requests = run.buffer.reserve(min(self.batch_size, self.quota - self.num_kept), "producer",
-                                              timeout_s=0.5)
-                self.clock.switch("working")
-                if requests:  # None under backpressure (the buffer is full): look at `stopping` and try again
-                    self.num_in_flight = len(requests)
-                    self.num_kept += generate_and_put(run, requests)["kept"]
-                    self.num_in_flight = 0
-                self.engine_time_s = run.router.time_s()
+                self._top_up(stream)
+                for summary, group_ref in stream.next_done(timeout_s=0.2 if self.num_in_flight else 0.0):
+                    put = run.buffer.put_refs([run.reward.score(group_ref)])[0]
+                    puts[put] = (summary.group_id, time.monotonic() + bound_s)
+                self._count_puts(puts, bound_s)
         except BaseException as error:  # noqa: BLE001 - surfaced by the trainer loop
             self.error = error
+        finally:
+            stream.close()  # what is still generating is not wanted: the run ended or failed
+
+    def _top_up(self, stream) -> None:
+        """Reserve and send as many groups as the engines have room for and the window allows; wait
+        a moment (on a publish, or in the buffer) when nothing can be sent and nothing is in flight."""
+        run = self.run_state
+        with self.published:
+            if self.published_version != self.version:  # a publish opened the next window
+                self.version, self.num_kept, self.in_window = self.published_version, 0, set()
+            # The engines' room counts groups generating; the window's, groups not yet put back.
+            room = min(self.target - stream.num_in_flight, self.quota - self.num_kept - len(self.in_window))
+            if room <= 0 and stream.num_in_flight < self.target:
+                self.clock.switch("blocked")
+                if not self.num_in_flight:
+                    self.published.wait(timeout=0.5)
+                return
+        if room <= 0:
+            self.clock.switch("working")
+            return
+        pending = run.buffer.num_pending()
+        if pending < room:
+            feed_prompts(run, room - pending)  # cursor and buffer move together (its lock)
+        # Nothing in flight: wait in the buffer for room (backpressure); else ask and go on reading.
+        requests = run.buffer.reserve(room, "producer", timeout_s=0.0 if self.num_in_flight else 0.5)
+        if not requests:  # None under backpressure (the buffer is full): look at `stopping` and try again
+            self.clock.switch("blocked")
+            return
+        self.clock.switch("working")
+        stream.add(requests)
+        self.in_window |= {r.group_id for r in requests}
+        self.num_in_flight += len(requests)
+
+    def _count_puts(self, puts: dict, bound_s: float) -> None:
+        """Take the puts that landed: count those the buffer kept against their window's quota."""
+        if not puts:
+            return
+        landed, _ = ray.wait(list(puts), num_returns=len(puts), timeout=0)
+        for put in landed:
+            group_id, _ = puts.pop(put)
+            outcome = ray.get(put)  # raises what scoring or the put failed with
+            self.num_in_flight -= 1
+            if group_id in self.in_window:
+                self.in_window.discard(group_id)
+                self.num_kept += outcome["kept"]
+        now = time.monotonic()
+        late = [group_id for group_id, deadline in puts.values() if now > deadline]
+        if late:
+            raise TimeoutError(f"group(s) {late[:5]} not scored and put in the replay buffer within {bound_s:g} s "
+                               "(reward.timeout_s per sample, and the buffer's own bound)")
 
     def describe(self) -> str:
         """What this thread is doing, in words (for an error that says why no batch came)."""
@@ -139,15 +194,24 @@ class Producer(threading.Thread):
                 f"{self.version} was published")
 
     def time_metrics(self) -> dict[str, float]:
-        """Seconds since the last call (the trainer loop calls it once a step): the engines
-        generating, paused and idle (their mean, as last read: a round late at most) and this thread
-        blocked, as `timing_s/rollout_<state>`."""
-        now = {f"rollout_{state}": seconds for state, seconds in self.engine_time_s.items()}
+        """Since the last call (the trainer loop calls it once a step): seconds the engines spent
+        generating, paused and idle (their mean, read now) and this thread blocked, as
+        `timing_s/rollout_<state>`, and the engines' occupancy (`rollout/occupancy`)."""
+        clocks = self.run_state.router.clocks()
+        now = {f"rollout_{state}": seconds for state, seconds in clocks.get("time_s", {}).items()}
         now["rollout_blocked"] = self.clock.seconds()["blocked"]
         # max(0, ...): a replica Ray restarted starts its clock again
         metrics = {f"timing_s/{name}": max(seconds - self._reported.get(name, 0.0), 0.0) for name, seconds in now.items()}
-        self._reported = now
+        metrics |= rollout_occupancy(self._reported_clocks, clocks)
+        self._reported, self._reported_clocks = now, clocks
         return metrics
+
+
+def groups_to_fill(capacity: int, num_samples: int, num_engines: int, batch_size: int) -> int:
+    """Groups to keep in flight by default: enough samples to fill the engines' `capacity` (their
+    max_num_seqs together), one group more per engine so a finished group's slots fill while the
+    next is sent, and at least a batch (what the producer kept in flight before it streamed)."""
+    return max(-(-capacity // num_samples) + num_engines, batch_size)
 
 
 def batch_timeout_s(config: Config) -> float:

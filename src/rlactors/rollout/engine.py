@@ -82,6 +82,7 @@ from rlactors.rollout.sleep import SLEEP_TAGS, tags_to_wake
 from rlactors.rollout.weights import WeightUpdate, check_update_start, close_update_in_vllm, vllm_update_info
 from rlactors.runtime.device import default_dtype, detect_platform
 from rlactors.runtime.phases import PhaseLog
+from rlactors.runtime.state_clock import LevelClock
 from rlactors.runtime.transport import results_in_object_store
 from rlactors.runtime.vllm_features import detect as detect_vllm_features
 from rlactors.types import PromptRequest
@@ -152,6 +153,7 @@ class RolloutEngine:
                     raise
                 self._vllm = VllmCalls(self.llm, self.platform, self.error_file, lambda: self.config.health_timeout_s)
                 self.vocab_size = self.llm.model_config.get_vocab_size()
+                self._requests.max_num_seqs = self.llm.vllm_config.scheduler_config.max_num_seqs
                 self.progress = count_progress(self.llm)
                 await self._vllm("ready", self.llm.update_weight_version(str(self.policy_version)))
                 if self.config.record_routing and self.platform == "cpu":  # elsewhere vLLM records it
@@ -182,8 +184,11 @@ class RolloutEngine:
             "paused": self.asleep or self._update is not None,
             "num_interrupted": self._requests.num_interrupted,
             "num_version_disagreements": self._requests.num_version_disagreements,
-            # Seconds generating, paused (a weight update or sleep) and idle since the run began.
+            # Seconds generating, paused (a weight update or sleep) and idle since the run began,
+            # and the running requests integrated over them (occupancy: `rollout_occupancy`).
             "time_s": self._requests.clock.seconds(),
+            "running_request_s": self._requests.running.total(),
+            "max_num_seqs": self._requests.max_num_seqs,
             "platform": self.platform,
             "dtype": self.dtype,
             "front_end_cpu_cores": self.front_end_cpu_cores,
@@ -207,6 +212,7 @@ class RolloutEngine:
         self._requests.num_interrupted = self._requests.num_version_disagreements = 0
         self._requests.user_aborted.clear()
         self._requests.clock.reset("idle")
+        self._requests.running = LevelClock()
         self.phases = PhaseLog()
         self._weights_of_last_run = True
         await self._vllm("new_run", self.llm.update_weight_version("0"))

@@ -59,7 +59,7 @@ from rlactors.rollout.samples import (
     vllm_disagrees,
 )
 from rlactors.rollout.vllm_args import sampling_params
-from rlactors.runtime.state_clock import StateClock
+from rlactors.runtime.state_clock import LevelClock, StateClock
 from rlactors.types import Group, PromptRequest, Sample
 
 ROUTING_TIMEOUT_S = 60.0  # a finished request's routing is in the worker already: past this vLLM is stuck
@@ -78,6 +78,10 @@ class Requests:
     num_version_disagreements: int = 0  # pieces whose tokens vLLM labels otherwise than the gate (must stay 0)
     # Where the engine's time goes (`health()["time_s"]`): `note_activity` switches it at every change.
     clock: StateClock = field(default_factory=lambda: StateClock(ENGINE_STATES, "idle"))
+    # Requests running in vLLM while generating (at most `max_num_seqs`: the rest wait in its
+    # queue), integrated over time: the engine's occupancy (`health()["running_request_s"]`).
+    running: LevelClock = field(default_factory=LevelClock)
+    max_num_seqs: int = 0  # vLLM's, once it started (0: not known, nothing is capped)
 
     def abort(self, group_ids: list[str] | None) -> list[str]:
         """Mark the named groups (None: every group in flight) to end as "abort"; returns the ids
@@ -89,7 +93,10 @@ class Requests:
     def note_activity(self, gate: AdmissionGate) -> None:
         """Paused while the gate is closed (a weight update or sleep; what is in flight waits or was
         interrupted), else generating while any request is in vLLM or at the gate, else idle."""
-        self.clock.switch("paused" if not gate.is_open else "generating" if self.in_flight else "idle")
+        state = "paused" if not gate.is_open else "generating" if self.in_flight else "idle"
+        self.clock.switch(state)
+        running = len(self.in_flight) if state == "generating" else 0
+        self.running.set(min(running, self.max_num_seqs) if self.max_num_seqs else running)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@
     router.ready()                                       # EngineStartError names a replica that fails
     for summary, group_ref in router.generate_refs(requests, sampling):  # completion order
         ...                                              # the Group stays in the object store
+    stream = router.stream(); stream.add(requests)       # added to at any time (rollout/stream.py)
     for group in router.generate(requests, sampling):    # the same, each Group fetched here
         ...
     router.update_weights(named_tensors, policy_version) # all live replicas, sent from here
@@ -41,10 +42,11 @@ Bounds: `ready()` waits at most `start_timeout_s`; sleep, wake-up and state load
 that dies or hangs during one of them is marked failed (a hung one killed, for Ray to restart) and
 the call goes on with the others.
 
-Threads: in async mode the producer thread iterates `generate_refs` while the trainer thread syncs
+Threads: in async mode the producer thread reads its stream while the trainer thread syncs
 weights (`weight_sync_targets` / `weight_sync_done`; validation generates too). The replicas' states, failures and revivals live
-in `rlactors.rollout.replicas.Replicas`, which locks them; what a `generate_refs` call tracks
-(its streams, their pending requests, the watchdog's timers) is its own, touched by one thread.
+in `rlactors.rollout.replicas.Replicas`, which locks them; what a `GenerationStream` tracks (its
+engine calls, their pending requests, the watchdog's timers) is its own, touched by one thread.
+Which replica a request goes to: the one with the fewest tokens in flight (`rlactors.rollout.stream`).
 """
 
 from __future__ import annotations
@@ -55,30 +57,26 @@ from collections.abc import Iterator
 
 import ray
 
-from rlactors.config import RolloutConfig
+from rlactors.config import RolloutConfig, SamplingConfig
 from rlactors.rollout.engine import create_engine
-from rlactors.rollout.faults import (
-    LOST_RESULT_ERRORS,
-    EngineStartError,
-    NoLiveEngineError,
-    is_engine_dead,
-)
+from rlactors.rollout.faults import LOST_RESULT_ERRORS, EngineStartError, NoLiveEngineError, is_engine_dead
 from rlactors.rollout.replicas import Replicas
 from rlactors.rollout.samples import GroupSummary, SamplingArg
-from rlactors.rollout.watchdog import Watchdog
+from rlactors.rollout.stream import GenerationStream
 from rlactors.runtime.calls import error_text, gather, get_within
 from rlactors.runtime.phases import PHASE_LOG_TIMEOUT_S
 from rlactors.types import Group, PromptRequest
 
 __all__ = ["RolloutRouter", "NoLiveEngineError", "EngineStartError"]
 
-POLL_INTERVAL_S = 1.0  # the longest generation waits between looks at revivals and the watchdog
-
 
 class RolloutRouter:
     def __init__(self, engines: list, policy_version: int = 0, *, start_timeout_s: float = 600.0,
-                 call_timeout_s: float = 900.0, stall_timeout_s: float = 300.0, health_timeout_s: float = 60.0):
-        """The bounds are `RolloutConfig`'s fields of the same names (`create` passes them)."""
+                 call_timeout_s: float = 900.0, stall_timeout_s: float = 300.0, health_timeout_s: float = 60.0,
+                 default_sampling: SamplingConfig | None = None):
+        """The bounds are `RolloutConfig`'s fields of the same names (`create` passes them);
+        `default_sampling` is what the engines use for a request without its own (`rollout.sampling`)."""
+        self.default_sampling = default_sampling or SamplingConfig()
         self.replicas = Replicas(engines, policy_version, start_timeout_s, call_timeout_s)
         self.engines = self.replicas.engines
         self.start_timeout_s, self.call_timeout_s = start_timeout_s, call_timeout_s
@@ -101,7 +99,8 @@ class RolloutRouter:
     def over(cls, engines: list, config: RolloutConfig):
         """A router over engines already started (kept from another run), with `config`'s bounds."""
         return cls(engines, start_timeout_s=config.start_timeout_s, call_timeout_s=config.call_timeout_s,
-                   stall_timeout_s=config.stall_timeout_s, health_timeout_s=config.health_timeout_s)
+                   stall_timeout_s=config.stall_timeout_s, health_timeout_s=config.health_timeout_s,
+                   default_sampling=config.sampling)
 
     @property
     def policy_version(self) -> int:
@@ -159,113 +158,22 @@ class RolloutRouter:
         """Yield (summary, ref of the Group) once per request, in completion order, across the live
         replicas. Only the summary is read here; pass the ref on (scorers, buffer) unread. Raises
         NoLiveEngineError once no replica can answer the rest."""
-        settings = sampling if isinstance(sampling, list) else [sampling] * len(requests)
-        if len(settings) != len(requests):
-            raise ValueError(f"got {len(settings)} sampling settings for {len(requests)} requests")
-        group_ids = [r.group_id for r in requests]
-        if len(set(group_ids)) != len(group_ids):
-            duplicates = sorted({g for g in group_ids if group_ids.count(g) > 1})
-            raise ValueError(f"duplicate group_ids in one batch: {duplicates[:5]}")
+        stream = self.stream()
+        stream.add(requests, sampling)
+        return stream.drain()  # requests are in flight from here on
 
-        pending: dict = {}  # ObjectRefGenerator -> {group_id: (request, sampling)} not yet returned
-        streams: dict = {}  # ObjectRefGenerator -> (replica, incarnation it was sent to, version it held)
-        outstanding = self._send(list(zip(requests, settings, strict=True)), pending, streams)
-        return self._collect(outstanding, pending, streams)  # requests are in flight from here on
-
-    def _send(self, outstanding: list[tuple], pending: dict, streams: dict) -> list[tuple]:
-        """Spread (request, sampling) pairs over the live replicas; returns what could not be sent."""
-        live = self.replicas.live()
-        for slot, (index, incarnation) in enumerate(live):
-            share = outstanding[slot :: len(live)]
-            if share:
-                stream = self.engines[index].generate.remote([r for r, _ in share], [s for _, s in share],
-                                                             with_summaries=True)
-                streams[stream] = (index, incarnation, self.replicas.loaded_version(index))
-                pending[stream] = {r.group_id: (r, s) for r, s in share}
-        return [] if live else outstanding
-
-    def _collect(self, outstanding: list[tuple], pending: dict, streams: dict
-                 ) -> Iterator[tuple[GroupSummary, ray.ObjectRef]]:
-        # An engine streams each Group, then its summary: the summary confirms the Group before it
-        # (an engine that dies in between ends its stream with an error in the summary's place).
-        unconfirmed: dict = {}  # ObjectRefGenerator -> ref of the Group whose summary comes next
-        watchdog = Watchdog(self)
-        while outstanding or streams:
-            if outstanding:
-                outstanding = self._send(outstanding, pending, streams)
-            if outstanding and not self.replicas.reviving():
-                raise NoLiveEngineError(self.replicas.no_live_message([r.prompt_id for r, _ in outstanding]))
-            if not streams:
-                self.replicas.poll(timeout_s=POLL_INTERVAL_S)
-                continue
-            revivals = self.replicas.revival_refs()
-            # fetch_local=False: readiness only; a Group must not be copied to the driver's node.
-            ready, _ = ray.wait(list(streams) + revivals, num_returns=1, timeout=POLL_INTERVAL_S, fetch_local=False)
-            self.replicas.poll(timeout_s=0)  # consume finished revivals, or the wait above spins
-            for stream in [s for s in ready if s in streams]:
-                index, incarnation, held_version = streams[stream]
-                try:
-                    confirmed = self._read(stream, unconfirmed, self.call_timeout_s)
-                except StopIteration:
-                    del streams[stream]
-                    outstanding += list(pending.pop(stream).values())  # an engine never drops one; defensive
-                except ray.exceptions.RayError as error:
-                    if isinstance(error, ray.exceptions.RayTaskError) and not is_engine_dead(error):
-                        raise  # a caller error (e.g. generate while asleep), not a dead replica
-                    if not isinstance(error, (ray.exceptions.RayTaskError, ray.exceptions.RayActorError,
-                                              *LOST_RESULT_ERRORS)):
-                        raise  # not a replica's fault
-                    lost = "a result could not be read: " if isinstance(error, LOST_RESULT_ERRORS) else ""
-                    self.replicas.mark_failed(index, lost + error_text(error), incarnation, kill=is_engine_dead(error))
-                    outstanding += self.drop_streams(index, streams, pending, unconfirmed)
-                else:
-                    watchdog.progressed(index)
-                    if confirmed is None:
-                        continue
-                    summary, group_ref = confirmed
-                    if summary.policy_versions and summary.policy_versions[0] < held_version:
-                        # Ray restarted the actor between two calls (it came back with the initial
-                        # weights): this group is not the policy's; reload the replica and re-send.
-                        self.replicas.mark_failed(index, f"restarted unseen: group {summary.group_id!r} carries "
-                                                         f"policy version {summary.policy_versions[0]}, the replica "
-                                                         f"held {held_version}", incarnation)
-                        outstanding += self.drop_streams(index, streams, pending, unconfirmed)
-                        continue
-                    pending[stream].pop(summary.group_id)
-                    yield summary, group_ref
-            outstanding += watchdog.check(streams, pending, unconfirmed)
+    def stream(self) -> GenerationStream:
+        """An open stream to add requests to at any time and take Groups from as they finish
+        (`rlactors.rollout.stream`)."""
+        return GenerationStream(self)
 
     def count_health_probe(self) -> None:
         with self._lock:
             self.num_health_probes += 1
 
-    def drop_streams(self, index: int, streams: dict, pending: dict, unconfirmed: dict) -> list[tuple]:
-        """Forget every stream of replica `index`; returns the requests they had not answered."""
-        lost = []
-        for stream in [s for s, (i, _, _) in streams.items() if i == index]:
-            del streams[stream]
-            unconfirmed.pop(stream, None)
-            lost += pending.pop(stream).values()
+    def count_resent(self, num_requests: int) -> None:
         with self._lock:
-            self.num_resent += len(lost)
-        return lost
-
-    @staticmethod
-    def _read(stream, unconfirmed: dict, timeout_s: float) -> tuple[GroupSummary, ray.ObjectRef] | None:
-        """Take the next item of an engine's stream: a Group's ref (kept unread), or the summary
-        that confirms it; returns both once the summary is in. Raises the engine's error, and
-        StopIteration at the end of the stream."""
-        try:
-            ref = next(stream)
-        except StopIteration:
-            last = unconfirmed.pop(stream, None)
-            if last is not None:
-                ray.get(last, timeout=timeout_s)  # a failed stream ends with its error in a Group's place: raise it
-            raise
-        if stream not in unconfirmed:
-            unconfirmed[stream] = ref
-            return None
-        return ray.get(ref, timeout=timeout_s), unconfirmed.pop(stream)
+            self.num_resent += num_requests
 
     # ---------------------------------------------------------------- weights, sleep, state
 
@@ -346,12 +254,23 @@ class RolloutRouter:
         logs = self._call(self.replicas.live(), "phase_log", timeout_s=PHASE_LOG_TIMEOUT_S)
         return [logs.get(i) for i in range(len(self.engines))]
 
-    def time_s(self) -> dict[str, float]:
-        """Seconds the live engines spent generating, paused (weight updates, sleep) and idle since
-        their run began (`health()["time_s"]`), the mean over replicas; {} when none is live."""
-        answers = self._call(self.replicas.live(), "health", timeout_s=self.health_timeout_s).values()
+    def clocks(self) -> dict:
+        """The live engines' clocks since their run began, the mean over replicas: `time_s`, seconds
+        generating, paused (weight updates, sleep) and idle (`health()["time_s"]`), and
+        `running_request_s`, running requests x seconds, with their `max_num_seqs` (for
+        `rollout_occupancy`); {} when none is live."""
+        answers = list(self._call(self.replicas.live(), "health", timeout_s=self.health_timeout_s).values())
+        if not answers:
+            return {}
         times = [answer["time_s"] for answer in answers]
-        return {state: sum(t[state] for t in times) / len(times) for state in times[0]} if times else {}
+        return {"time_s": {state: sum(t[state] for t in times) / len(times) for state in times[0]},
+                "running_request_s": sum(a["running_request_s"] for a in answers) / len(answers),
+                "max_num_seqs": max(a["max_num_seqs"] for a in answers)}
+
+    def capacity(self) -> int:
+        """Sequences the live engines run at once, together (their `max_num_seqs`); 0 when none is live."""
+        answers = self._call(self.replicas.live(), "health", timeout_s=self.health_timeout_s).values()
+        return sum(answer["max_num_seqs"] for answer in answers)
 
     def state_dict(self) -> dict:
         """The policy_version only; weights are the trainer's to resend after a restore."""

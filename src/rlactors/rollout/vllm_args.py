@@ -30,6 +30,8 @@ def engine_kwargs(model_path: str, config: RolloutConfig, platform: str, dtype: 
         weight_transfer_config={"backend": weight_backend},
         use_tqdm_on_load=is_verbose(),  # a progress bar per engine start, unless the run is verbose
     )
+    if config.max_num_seqs is not None:
+        kwargs.update(max_num_seqs=config.max_num_seqs)
     if config.lora_rank:  # one adapter, replaced at each sync (rlactors.rollout.adapters)
         kwargs.update(enable_lora=True, max_lora_rank=served_rank(config.lora_rank), max_loras=1)
     if config.record_routing and platform == "cpu":

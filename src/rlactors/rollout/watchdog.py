@@ -1,4 +1,4 @@
-"""The watchdog of one `RolloutRouter.generate_refs` call: it tells a replica that is busy from one
+"""The watchdog of one `GenerationStream` (`rlactors.rollout.stream`): it tells a replica that is busy from one
 that hangs, among those whose streams have yielded nothing for `stall_timeout_s`.
 
 Such a quiet replica is asked `health()`. One that does not answer within `health_timeout_s` is
@@ -32,11 +32,11 @@ class Watchdog:
         """Replica `index`'s streams yielded a result."""
         self.last_progress[index] = time.monotonic()
 
-    def check(self, streams: dict, pending: dict, unconfirmed: dict) -> list[tuple]:
+    def check(self, stream) -> list[tuple]:
         """Ask quiet replicas health(); kill one that does not answer in time, is dead, or whose
         engine core made no progress since an earlier probe, and return its requests for re-sending."""
         router, now = self.router, time.monotonic()
-        active = {index: incarnation for index, incarnation, _ in streams.values()}
+        active = {index: incarnation for index, incarnation, _ in stream.streams.values()}
         for index in set(self.last_progress) - set(active):
             self.last_progress.pop(index)
             self.probes.pop(index, None)
@@ -66,13 +66,13 @@ class Watchdog:
                           "(rollout.stall_timeout_s)")
                 self.counts.pop(index, None)
                 router.replicas.mark_failed(index, reason, incarnation, kill=True)
-                lost += router.drop_streams(index, streams, pending, unconfirmed)
+                lost += stream.drop_replica(index)
                 self.last_progress.pop(index)
             elif now - sent_at >= router.health_timeout_s:
                 reason = (f"hung: no result for {quiet_s:.0f} s and health() unanswered within "
                           f"{router.health_timeout_s:g} s (rollout.stall_timeout_s, rollout.health_timeout_s)")
                 router.replicas.mark_failed(index, reason, incarnation, kill=True)
-                lost += router.drop_streams(index, streams, pending, unconfirmed)
+                lost += stream.drop_replica(index)
                 self.last_progress.pop(index)
                 del self.probes[index]
         return lost

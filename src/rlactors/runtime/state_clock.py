@@ -8,6 +8,9 @@ A rollout engine keeps one (generating / paused for a weight update or sleep / i
 fully-async producer another (working / blocked by the staleness bound or backpressure), so a run
 can say which pool waited on which (`rlactors.pipelines.fully_async`). Invariant: the values of
 `seconds()` add up to the time since the clock started (or was reset); time.monotonic is the clock.
+
+    running = LevelClock(); running.set(12)   # a level's time integral (an engine's running requests)
+    running.total()                           # level x seconds, summed up to now
 """
 
 from __future__ import annotations
@@ -45,3 +48,24 @@ class StateClock:
             totals = dict(self._totals)
             totals[self.state] += self._now() - self._since
         return totals
+
+
+class LevelClock:
+    """The time integral of a level that changes in steps (an engine's running requests): `set` at
+    every change, `total()` is the sum of level x seconds up to now. Mean level over a span =
+    the difference of two `total()` readings / the span's seconds."""
+
+    def __init__(self, now: Callable[[], float] = time.monotonic):
+        self._now = now
+        self._lock = threading.Lock()
+        self._total, self._level, self._since = 0.0, 0, now()
+
+    def set(self, level: int) -> None:
+        with self._lock:
+            now = self._now()
+            self._total += self._level * (now - self._since)
+            self._level, self._since = level, now
+
+    def total(self) -> float:
+        with self._lock:
+            return self._total + self._level * (self._now() - self._since)
