@@ -8,12 +8,21 @@ import pytest
 
 from rlactors.buffer.storage import json_text
 from rlactors.data import DataError, PromptDataset, read_parquet_rows, to_request, validate_rows, write_rows
-from rlactors.data.synthetic import arithmetic_rows, gsm8k_rows, make_task_rows, math_rows, write_task
+from rlactors.data.synthetic import (
+    COUNTDOWN_SEPARATORS,
+    arithmetic_rows,
+    countdown,
+    countdown_rows,
+    gsm8k_rows,
+    make_task_rows,
+    math_rows,
+    write_task,
+)
 from rlactors.models import build_char_tokenizer
 
 
 def test_generators_are_seeded_and_in_verl_schema(tmp_path):
-    for task in ("arithmetic", "gsm8k", "math"):
+    for task in ("arithmetic", "gsm8k", "math", "countdown"):
         rows = make_task_rows(task, 20, seed=3)
         assert rows == make_task_rows(task, 20, seed=3)
         assert rows != make_task_rows(task, 20, seed=4)
@@ -37,6 +46,32 @@ def test_arithmetic_test_split_is_disjoint_from_train(tmp_path):
     train_prompts = {r.prompt[0].content for r in read_parquet_rows(train)[0]}
     test_prompts = {r.prompt[0].content for r in read_parquet_rows(test)[0]}
     assert len(test_prompts) == 100 and not train_prompts & test_prompts
+
+
+def test_countdown_answers_and_disjoint_splits(tmp_path):
+    assert countdown(12, ",") == "12,11,10,09,08,07,06,05,04,03,02,01" and countdown(1) == "01"
+    for row in countdown_rows(50, seed=1):
+        start, separator = row["extra_info"]["start"], row["extra_info"]["separator"]
+        assert row["prompt"][0]["content"] == f"{start:02d}{separator}...{separator}01="
+        assert row["reward_model"]["ground_truth"] == countdown(start, separator)
+    train, test = write_task("countdown", tmp_path, 2000, 300)
+    train_prompts = {r.prompt[0].content for r in read_parquet_rows(train)[0]}
+    test_prompts = {r.prompt[0].content for r in read_parquet_rows(test)[0]}
+    assert not train_prompts & test_prompts
+    assert {p[2] for p in test_prompts} == set(COUNTDOWN_SEPARATORS) and len(test_prompts) > 30
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_countdown_answer_lengths_are_long_tailed(split):
+    """Tokens of the correct responses (one a character, plus end-of-sequence): median ~30, p99
+    ~8x that, capped below 300: the long tail a streaming rollout should absorb."""
+    longest = countdown(99, "|")
+    assert len(build_char_tokenizer()(longest, add_special_tokens=False)["input_ids"]) == len(longest) == 296
+    lengths = sorted(len(r["reward_model"]["ground_truth"]) + 1 for r in countdown_rows(3000, seed=0, split=split))
+    p50, p99 = lengths[len(lengths) // 2], lengths[len(lengths) * 99 // 100]
+    assert 24 <= p50 <= 36
+    assert 6.5 <= p99 / p50 <= 9.5
+    assert lengths[-1] <= 297 and lengths[0] <= 6
 
 
 def _bad_file(tmp_path):

@@ -346,9 +346,10 @@ class DataConfig(Section):
         default_factory=list, description="veRL-schema parquet files; empty uses the synthetic `task`."
     )
     val_files: list[str] = Field(default_factory=list, description="Validation parquet files; empty uses the synthetic `task`.")
-    task: Literal["arithmetic", "gsm8k", "math", "calculator", "python", "guess_number", "tools"] = Field(
+    task: Literal["arithmetic", "gsm8k", "math", "calculator", "python", "guess_number", "tools", "countdown"] = Field(
         "arithmetic", description="Synthetic task when no files are given. calculator, python and guess_number "
-        "rows name their environment in extra_info.environment; tools interleaves the three.",
+        "rows name their environment in extra_info.environment; tools interleaves the three. countdown "
+        "(`12,...,01=` -> `12,11,...,01`) has long-tailed answer lengths (median ~30 tokens, p99 ~8x, <= 297).",
     )
     num_train_rows: int = Field(4000, ge=1, description="Rows of the synthetic training set.")
     num_val_rows: int = Field(200, ge=1, description="Rows of the synthetic validation set.")
