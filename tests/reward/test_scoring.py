@@ -12,6 +12,7 @@ from rlactors.reward.scoring import (
     compute_arithmetic_score,
     compute_gsm8k_score,
     compute_math_score,
+    compute_sequence_score,
     default_compute_score,
     extract_gsm8k_answer,
     extract_leading_integer,
@@ -220,6 +221,32 @@ def test_arithmetic_bad_ground_truth():
 
 
 # --------------------------------------------------------------------------------------------
+# Sequences (countdown)
+
+
+@pytest.mark.parametrize(
+    "response,ground_truth,score,acc",
+    [
+        ("03,02,01", "03,02,01", 1.0, True),
+        (" 03,02,01\n", "03,02,01", 1.0, True),  # surrounding whitespace is not the answer
+        ("03,02", "03,02,01", 5 / 8, False),  # cut short: the matching prefix, over the answer's length
+        ("03,02,01,00", "03,02,01", 8 / 11, False),  # run on: over the response's length
+        ("03,12,01", "03,02,01", 7 / 8, False),  # one wrong character
+        ("02,01", "03,02,01", 3 / 8, False),  # a skipped number: only separators and tens digits align
+        ("", "03,02,01", 0.0, False),
+        (GARBAGE, "03,02,01", 0.0, False),
+    ],
+)
+def test_sequence_score(response, ground_truth, score, acc):
+    assert compute_sequence_score(response, ground_truth) == {"score": pytest.approx(score), "acc": acc}
+
+
+def test_sequence_score_rejects_empty_ground_truth():
+    with pytest.raises(ValueError, match="empty"):
+        compute_sequence_score("01", " ")
+
+
+# --------------------------------------------------------------------------------------------
 # Dispatch
 
 
@@ -235,6 +262,7 @@ def test_arithmetic_bad_ground_truth():
         ("AIME2025", r"\boxed{5}", "5"),
         ("synthetic/math", r"\boxed{5}", "5"),
         ("synthetic/arithmetic", "5", "5"),
+        ("synthetic/countdown", "02 01", "02 01"),
     ],
 )
 def test_dispatch_by_data_source(data_source, response, ground_truth):

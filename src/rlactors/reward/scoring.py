@@ -37,6 +37,7 @@ MATH_SOURCES = frozenset(
     }
 )
 ARITHMETIC_SOURCES = frozenset({"synthetic/arithmetic"})
+SEQUENCE_SOURCES = frozenset({"synthetic/countdown"})
 
 # Longer extracted answers are scored wrong without parsing: no real answer is this long, and
 # handing megabytes of garbage to sympy is how a scorer hangs.
@@ -270,6 +271,23 @@ def compute_arithmetic_score(solution_str: str, ground_truth: str) -> dict:
 
 
 # --------------------------------------------------------------------------------------------
+# Sequences (the countdown task)
+
+
+def compute_sequence_score(solution_str: str, ground_truth: str) -> dict:
+    """Partial credit for writing out a long exact answer: the characters equal to the ground
+    truth's at the same position, over the longer of the two lengths, so a response cut short, run
+    on or wrong in places keeps a share (RL needs that signal: long answers are rarely all right).
+    `acc` is the exact match. One pass, O(length): it scores hundreds of long responses a step."""
+    gold = str(ground_truth).strip()
+    if not gold:
+        raise ValueError("sequence ground truth is empty")
+    response = solution_str.strip()
+    matching = sum(a == b for a, b in zip(response, gold, strict=False))  # the shorter one's length
+    return {"score": matching / max(len(response), len(gold)), "acc": response == gold}
+
+
+# --------------------------------------------------------------------------------------------
 # Dispatch, DAPO overlong shaping, user functions, result checking
 
 
@@ -288,7 +306,9 @@ def default_compute_score(
         return compute_math_score(solution_str, ground_truth)
     if data_source in ARITHMETIC_SOURCES:
         return compute_arithmetic_score(solution_str, ground_truth)
-    known = sorted(GSM8K_SOURCES | MATH_SOURCES | ARITHMETIC_SOURCES) + ["aime*"]
+    if data_source in SEQUENCE_SOURCES:
+        return compute_sequence_score(solution_str, ground_truth)
+    known = sorted(GSM8K_SOURCES | MATH_SOURCES | ARITHMETIC_SOURCES | SEQUENCE_SOURCES) + ["aime*"]
     raise ValueError(
         f"no scorer for data_source {data_source!r}; known: {', '.join(known)}; "
         "set reward.custom_function for others"
