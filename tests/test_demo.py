@@ -2,8 +2,8 @@
 
 from rlactors.config import load_config
 from rlactors.data import read_parquet_rows
-from rlactors.data.synthetic import write_task
-from rlactors.demo import DEMO_CONFIG, greedy_accuracy, sft_batch, warm_up
+from rlactors.data.synthetic import COUNTDOWN_START, countdown, write_task
+from rlactors.demo import COUNTDOWN_WARMUP, DEMO_CONFIG, DEMO_WARMUP, greedy_accuracy, sft_batch, warm_up
 from rlactors.models import load_model, load_tokenizer
 
 
@@ -17,15 +17,16 @@ def test_sft_batch_supervises_the_answer_and_end_of_sequence(tmp_path, tiny_mode
         assert tokenizer.decode(response[:-1]) == row.reward_model.ground_truth
 
 
-def test_warm_up_trains_and_writes_a_loadable_folder(ray_session, tmp_path, tiny_model_dir, monkeypatch):
-    import rlactors.demo as demo
+def test_countdown_warm_up_checks_whole_answers():
+    # The greedy check generates up to max_new_tokens: the longest answer and its end-of-sequence fit.
+    assert COUNTDOWN_WARMUP["max_new_tokens"] >= len(countdown(COUNTDOWN_START["max"])) + 1
+    assert COUNTDOWN_WARMUP.keys() == DEMO_WARMUP.keys()
 
-    monkeypatch.setitem(demo.DEMO_WARMUP, "min_steps", 4)
-    monkeypatch.setitem(demo.DEMO_WARMUP, "max_steps", 8)
-    monkeypatch.setitem(demo.DEMO_WARMUP, "check_every_steps", 4)
-    monkeypatch.setitem(demo.DEMO_WARMUP, "num_check_rows", 16)
+
+def test_warm_up_trains_and_writes_a_loadable_folder(ray_session, tmp_path, tiny_model_dir):
+    settings = DEMO_WARMUP | {"min_steps": 4, "max_steps": 8, "check_every_steps": 4, "num_check_rows": 16}
     config = load_config(DEMO_CONFIG, [f"pipeline.output_dir={tmp_path}", "data.num_train_rows=200"])
-    path = warm_up(config, tiny_model_dir, tmp_path / "warm")
+    path = warm_up(config, tiny_model_dir, tmp_path / "warm", settings=settings)
     assert load_model(path) is not None
     rows = read_parquet_rows(tmp_path / "data" / "test.parquet")[0][:16]
     assert 0.0 <= greedy_accuracy(path, rows) <= 1.0

@@ -26,11 +26,19 @@ DEMO_CONFIG = Path(__file__).parent / "configs" / "demo.yaml"
 # ~0 to 15% in ~200 supervised steps and past 50% by ~300. The warm-up stops at the first check
 # past `target_accuracy`, whatever the machine's speed, leaving GRPO room to show.
 DEMO_WARMUP = {"batch_size": 64, "lr": 1e-3, "min_steps": 150, "max_steps": 2000, "check_every_steps": 25,
-               "num_check_rows": 200, "target_accuracy": 0.2}
+               "num_check_rows": 200, "target_accuracy": 0.2, "max_new_tokens": 5}
+# The countdown task (`data.task=countdown`, answers of 3 to 297 tokens, long-tailed): `warm_up(config,
+# base, out, settings=COUNTDOWN_WARMUP)`. Measured here (2 shared cores): greedy exact match 67% at
+# step 40, 83% at 60, 88% at 80 (117 s), 100% by 160. Stopped at 80, the model's samples at
+# temperature 1 on 300 held-out prompts: lengths p50 27, p90 101, p99 266 tokens (targets' 27, 111,
+# 216), 1% run to 300; mean score 0.67, exact 50%. GRPO on it needs rollout.max_model_len >= 310 and
+# rollout.sampling.max_response_tokens >= 297.
+COUNTDOWN_WARMUP = {"batch_size": 64, "lr": 1e-3, "min_steps": 40, "max_steps": 400, "check_every_steps": 20,
+                    "num_check_rows": 64, "target_accuracy": 0.85, "max_new_tokens": 300}
 
 
 def sft_batch(rows, tokenizer) -> TrainBatch:
-    """Prompt `a+b=` as context, the answer and end-of-sequence as the supervised response."""
+    """The prompt (`a+b=`) as context, the answer and end-of-sequence as the supervised response."""
     prompts = [tokenizer(r.prompt[0].content, add_special_tokens=False)["input_ids"] for r in rows]
     answers = [tokenizer(r.reward_model.ground_truth, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
                for r in rows]
@@ -39,7 +47,8 @@ def sft_batch(rows, tokenizer) -> TrainBatch:
 
 
 def greedy_accuracy(model_path: Path, rows, max_new_tokens: int = 5) -> float:
-    """Share of `rows` whose greedy answer (transformers, batched) equals the ground truth."""
+    """Share of `rows` whose greedy answer (transformers, batched) equals the ground truth exactly;
+    `max_new_tokens` must cover the longest answer and its end-of-sequence."""
     import torch
 
     from rlactors.models import load_model
@@ -55,13 +64,14 @@ def greedy_accuracy(model_path: Path, rows, max_new_tokens: int = 5) -> float:
     return sum(a.strip() == r.reward_model.ground_truth for a, r in zip(answers, rows, strict=True)) / len(rows)
 
 
-def warm_up(config: Config, model_path: Path, output_path: Path) -> Path:
+def warm_up(config: Config, model_path: Path, output_path: Path, settings: dict = DEMO_WARMUP) -> Path:
     """Supervised warm-up on the training split until greedy accuracy on held-back training
     problems reaches `target_accuracy` (checked every `check_every_steps`); writes a Hugging Face
-    folder at `output_path`. Stopping at a middling accuracy leaves room for GRPO to show."""
+    folder at `output_path`. Stopping at a middling accuracy leaves room for GRPO to show.
+    `settings`: `DEMO_WARMUP` for the demo's arithmetic; another task brings its own (its answers'
+    length in `max_new_tokens`), e.g. `COUNTDOWN_WARMUP`."""
     from rlactors.data import PromptDataset
 
-    settings = DEMO_WARMUP
     train_files, _ = data_files(config, Path(config.pipeline.output_dir))
     rows = PromptDataset.from_files(train_files).rows
     check_rows = rows[: settings["num_check_rows"]]
@@ -77,7 +87,7 @@ def warm_up(config: Config, model_path: Path, output_path: Path) -> Path:
             metrics = actor.sft_step(ray.put(sft_batch(dataset.next_batch(settings["batch_size"]), tokenizer)))
             if step % settings["check_every_steps"] == 0 and step >= settings["min_steps"]:
                 actor.save_hf(str(output_path))
-                accuracy = greedy_accuracy(output_path, check_rows)
+                accuracy = greedy_accuracy(output_path, check_rows, settings["max_new_tokens"])
                 print(f"warm-up step {step}: loss {metrics['actor/sft_loss']:.3f}, greedy accuracy {accuracy:.0%} "
                       f"({time.perf_counter() - start:.0f} s)", flush=True)
                 if accuracy >= settings["target_accuracy"]:
