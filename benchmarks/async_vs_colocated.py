@@ -9,9 +9,9 @@ streaming groups through the engine (`rlactors.pipelines.fully_async.Producer`).
 Two workloads (`--workload`):
 - `uniform` (the default): `a+b=` prompts, responses capped at `--max-response-tokens` (16), a toy
   reward an untrained model learns (the share of digits), from the random-init model;
-- `long-tail`: the `repeat` task (`rlactors.data.synthetic`), whose answers' lengths are
+- `long-tail`: the `countdown` task (`rlactors.data.synthetic`), whose answers' lengths are
   log-normal (the p99 about 8x the median, up to a few hundred tokens), from the `small` model after
-  a short supervised warm-up (`rlactors.demo.warm_up` with `REPEAT_WARMUP`), scored by its built-in
+  a short supervised warm-up (`rlactors.demo.warm_up` with `COUNTDOWN_WARMUP`), scored by its built-in
   partial-credit reward. The lengths are the model's own: nothing forces them. Here a colocated
   step waits for its longest response with its engine nearly empty, and async streams past it;
   `max_staleness` 4 lets a long response span the syncs it takes.
@@ -65,7 +65,7 @@ def workload_overrides(workload: str, max_response_tokens: int) -> list[str]:
                 f"rollout.sampling.max_response_tokens={max_response_tokens}",
                 f"rollout.validation_sampling.max_response_tokens={max_response_tokens}",
                 f"reward.custom_function={HERE / 'digit_reward.py'}:compute_score", "trainer.optim.lr=5e-4"]
-    return ["data.task=repeat", "data.num_train_rows=4000",
+    return ["data.task=countdown", "data.num_train_rows=4000",
             f"rollout.max_model_len={32 + LONG_TAIL_MAX_RESPONSE_TOKENS}",
             f"rollout.sampling.max_response_tokens={LONG_TAIL_MAX_RESPONSE_TOKENS}",
             f"rollout.validation_sampling.max_response_tokens={LONG_TAIL_MAX_RESPONSE_TOKENS}", "trainer.optim.lr=1e-4"]
@@ -134,12 +134,12 @@ def starting_model(workload: str, work: Path) -> Path:
     model_path = build_tiny_model(work / "model", "small", seed=0)
     if workload == "uniform":
         return model_path
-    from rlactors.demo import REPEAT_WARMUP, warm_up
+    from rlactors.demo import COUNTDOWN_WARMUP, warm_up
     from rlactors.pipelines.build import init_ray
 
     config = load_config(None, overrides("colocated", workload, model_path, work / "warm_up", 1, 0))
     init_ray(work / "logs")
-    return warm_up(config, model_path, work / "warm_model", settings=REPEAT_WARMUP)
+    return warm_up(config, model_path, work / "warm_model", settings=COUNTDOWN_WARMUP)
 
 
 def main() -> None:
