@@ -3,7 +3,7 @@ the `small` model, equal numbers of steps (so equal trained samples), one run.
 
 Colocated lets rollout and training take turns on both cores; async gives the rollout engine and
 the trainer one core each (`rollout.cpu_cores`, `trainer.cpu_cores`) and overlaps them, with one
-batch of look-ahead (staleness_threshold 1, partial rollouts, truncated IS), its producer
+batch of look-ahead (two for the long tail), partial rollouts and truncated IS, its producer
 streaming groups through the engine (`rlactors.pipelines.fully_async.Producer`).
 
 Two workloads (`--workload`):
@@ -12,9 +12,12 @@ Two workloads (`--workload`):
 - `long-tail`: the `countdown` task (`rlactors.data.synthetic`), whose answers' lengths are
   log-normal (the p99 about 8x the median, up to a few hundred tokens), from the `small` model after
   a short supervised warm-up (`rlactors.demo.warm_up` with `COUNTDOWN_WARMUP`), scored by its built-in
-  partial-credit reward. The lengths are the model's own: nothing forces them. Here a colocated
-  step waits for its longest response with its engine nearly empty, and async streams past it;
-  `max_staleness` 4 lets a long response span the syncs it takes.
+  partial-credit reward, trained as DAPO runs are: dynamic sampling drops the groups whose answers
+  are all right or all wrong (`--dynamic-sampling off` keeps them), and bypass mode spares the
+  old-logprob pass. The lengths are the model's own: nothing forces them. Here a colocated step
+  waits for its longest response with its engine nearly empty, once per generation round, and
+  async streams past it; two batches of look-ahead (`staleness_threshold` 2) keep its engine busy
+  while the trainer trains, and `max_staleness` 4 lets a long response span the syncs it takes.
 Either way the final rewards say whether both modes learn alike.
 
 In the async run, per timed step (the first `NUM_WARMUP_STEPS` are not timed), from its metrics:
@@ -31,9 +34,11 @@ engine's time less what the producer was blocked): the rollout side's own bubble
 sample / async's (the same samples per step: the step ratio). Shares are of the timed steps' means.
 `occupancy`: each mode's engine mean running sequences over its generating time / its
 max_num_seqs (`rollout/occupancy`), the timed steps' mean; `response_length_percentiles`: the
-timed steps' mean p50, p90, p99 and the largest response, per mode.
+timed steps' mean p50, p90, p99 and the largest response, per mode; `generated_per_trained`:
+groups generated per group trained (above 1 under dynamic sampling).
 
     .venv/bin/python benchmarks/async_vs_colocated.py [--workload uniform|long-tail] [--num-steps 20]
+        [--dynamic-sampling on|off] [--start-model FOLDER]
 
 Prints one JSON line per mode, then one final JSON line.
 """
@@ -56,32 +61,40 @@ HERE = Path(__file__).resolve().parent
 NUM_WARMUP_STEPS = 2
 TRAINER_PHASES = ("assemble", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "weight_sync")
 ROLLOUT_STATES = ("generating", "paused", "idle", "blocked")
+BATCH_SIZE_PROMPTS = 16
 LONG_TAIL_MAX_RESPONSE_TOKENS = 320  # above the task's longest answer: the lengths are the model's
 
 
-def workload_overrides(workload: str, max_response_tokens: int) -> list[str]:
+def workload_overrides(workload: str, max_response_tokens: int, dynamic_sampling: bool) -> list[str]:
     if workload == "uniform":
         return ["data.task=arithmetic", "data.num_train_rows=2000", f"rollout.max_model_len={48 + max_response_tokens}",
                 f"rollout.sampling.max_response_tokens={max_response_tokens}",
                 f"rollout.validation_sampling.max_response_tokens={max_response_tokens}",
                 f"reward.custom_function={HERE / 'digit_reward.py'}:compute_score", "trainer.optim.lr=5e-4"]
+    # DAPO's setting, as in the runs peers publish: groups that all answer alike are dropped and more
+    # generated (each colocated round pays its tail again), and no old-logprob pass (bypass mode).
     return ["data.task=countdown", "data.num_train_rows=4000",
             f"rollout.max_model_len={32 + LONG_TAIL_MAX_RESPONSE_TOKENS}",
             f"rollout.sampling.max_response_tokens={LONG_TAIL_MAX_RESPONSE_TOKENS}",
-            f"rollout.validation_sampling.max_response_tokens={LONG_TAIL_MAX_RESPONSE_TOKENS}", "trainer.optim.lr=1e-4"]
+            f"rollout.validation_sampling.max_response_tokens={LONG_TAIL_MAX_RESPONSE_TOKENS}", "trainer.optim.lr=3e-5",
+            "algorithm.rollout_correction.bypass_mode=true", f"buffer.dynamic_sampling={str(dynamic_sampling).lower()}",
+            "buffer.dynamic_sampling_metric=acc"]
 
 
 def overrides(mode: str, workload: str, model_path: Path, output_dir: Path, num_steps: int,
-              max_response_tokens: int) -> list[str]:
+              max_response_tokens: int, dynamic_sampling: bool = True) -> list[str]:
     common = [
         f"model.path={model_path}", "model.preset=small", "data.num_val_rows=32",
-        "rollout.sampling.num_samples_per_prompt=8", f"pipeline.num_steps={num_steps}", "pipeline.batch_size_prompts=16",
+        "rollout.sampling.num_samples_per_prompt=8", f"pipeline.num_steps={num_steps}", f"pipeline.batch_size_prompts={BATCH_SIZE_PROMPTS}",
         "pipeline.val_every_steps=0", f"pipeline.output_dir={output_dir}", "pipeline.resume=never",
-        f"pipeline.mode={mode}", *workload_overrides(workload, max_response_tokens),
+        f"pipeline.mode={mode}", *workload_overrides(workload, max_response_tokens, dynamic_sampling),
     ]
     if mode == "async":
-        common += ["buffer.staleness_threshold=1.0", f"buffer.max_staleness={1 if workload == 'uniform' else 4}",
-                   "rollout.partial_rollout=true", "algorithm.rollout_correction.importance_level=token",
+        # The long tail: two batches of look-ahead keep the engine streaming while the trainer trains
+        # one, and a long response may span the four syncs it can take.
+        look_ahead = ["buffer.staleness_threshold=1.0", "buffer.max_staleness=1"] if workload == "uniform" else \
+            ["buffer.staleness_threshold=2.0", "buffer.max_staleness=4"]
+        common += [*look_ahead, "rollout.partial_rollout=true", "algorithm.rollout_correction.importance_level=token",
                    "rollout.cpu_cores=[0]", "trainer.cpu_cores=[1]"]
     return common
 
@@ -90,10 +103,12 @@ def mean_of(history: list[dict], key: str) -> float:
     return statistics.mean(h.get(key, 0.0) for h in history)
 
 
-def run_mode(mode: str, workload: str, model_path: Path, work: Path, num_steps: int, max_response_tokens: int) -> dict:
+def run_mode(mode: str, workload: str, model_path: Path, work: Path, num_steps: int, max_response_tokens: int,
+             dynamic_sampling: bool) -> dict:
     output_dir = work / mode
     watch = IdleWatch(output_dir / "metrics.jsonl", 1 + NUM_WARMUP_STEPS, 1 + num_steps)  # line 1: step 0
-    config = load_config(None, overrides(mode, workload, model_path, output_dir, num_steps, max_response_tokens))
+    config = load_config(None, overrides(mode, workload, model_path, output_dir, num_steps, max_response_tokens,
+                                           dynamic_sampling))
     history = [h for h in run_pipeline(config) if h["step"] > 0]
     timed = history[NUM_WARMUP_STEPS:]
     step_s = mean_of(timed, "timing_s/step")
@@ -108,6 +123,8 @@ def run_mode(mode: str, workload: str, model_path: Path, work: Path, num_steps: 
             **{f"p{q}": round(mean_of(timed, f"response_length/p{q}"), 1) for q in (50, 90, 99)},
             "max": max(h["response_length/max"] for h in timed)},
         "evicted_stale": sum(h.get("buffer/num_evicted_stale", 0) for h in history),
+        # groups generated per group trained: what dynamic sampling multiplies the generation by
+        "generated_per_trained": 1 + mean_of(history, "buffer/num_dropped_zero_variance") / BATCH_SIZE_PROMPTS,
         "core_idle_shares": watch.shares(),
         "trainer_phases_s": {phase: round(mean_of(timed, f"timing_s/{phase}"), 4) for phase in TRAINER_PHASES
                              if mean_of(timed, f"timing_s/{phase}") > 0},
@@ -128,18 +145,23 @@ def rollout_efficiency(rollout_s: dict[str, float]) -> float:
     return rollout_s["generating"] / max(unblocked_s, 1e-9)
 
 
-def starting_model(workload: str, work: Path) -> Path:
+def starting_model(workload: str, work: Path, start_model: Path | None) -> Path:
     """The random-init `small` model, warmed up on the task first for the long tail (its lengths
-    must be the model's own answers)."""
+    must be the model's own answers), or `start_model` (a folder this script warmed up before)."""
+    from rlactors.pipelines.build import init_ray
+
+    init_ray(work / "logs")
+    if start_model is not None:
+        return start_model
     model_path = build_tiny_model(work / "model", "small", seed=0)
     if workload == "uniform":
         return model_path
     from rlactors.demo import COUNTDOWN_WARMUP, warm_up
-    from rlactors.pipelines.build import init_ray
 
     config = load_config(None, overrides("colocated", workload, model_path, work / "warm_up", 1, 0))
-    init_ray(work / "logs")
-    return warm_up(config, model_path, work / "warm_model", settings=COUNTDOWN_WARMUP)
+    model_path = warm_up(config, model_path, work / "warm_model", settings=COUNTDOWN_WARMUP)
+    print(f"warmed-up model: {model_path} (--start-model reuses it)", flush=True)
+    return model_path
 
 
 def main() -> None:
@@ -148,18 +170,24 @@ def main() -> None:
     parser.add_argument("--num-steps", type=int, default=20)
     parser.add_argument("--max-response-tokens", type=int, default=16,
                         help="uniform: the responses' length cap (the trainer is the busier pool here at 16 and at 64)")
+    parser.add_argument("--dynamic-sampling", choices=("on", "off"), default="on",
+                        help="long-tail: DAPO's dynamic sampling (drop the groups that all answer alike) in both modes")
+    parser.add_argument("--start-model", type=Path, default=None,
+                        help="a model folder to start from instead of building (and warming up) one")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="async_vs_colocated_"))
-    model_path = starting_model(args.workload, work)
+    model_path = starting_model(args.workload, work, args.start_model)
     results = {}
     for mode in ("colocated", "async"):
-        results[mode] = run_mode(mode, args.workload, model_path, work, args.num_steps, args.max_response_tokens)
+        results[mode] = run_mode(mode, args.workload, model_path, work, args.num_steps, args.max_response_tokens,
+                                 args.workload == "long-tail" and args.dynamic_sampling == "on")
         print(mode, json.dumps(results[mode]), flush=True)
     colocated, fully_async = results["colocated"], results["async"]
     step_s, generating_s = fully_async["step_s"], fully_async["rollout_s"]["generating"]
     busier = "trainer" if fully_async["trainer_busy_s"] >= generating_s else "rollout"
     print(json.dumps({
         "workload": args.workload,
+        "dynamic_sampling": args.workload == "long-tail" and args.dynamic_sampling == "on",
         "num_steps": args.num_steps,
         "max_response_tokens": args.max_response_tokens if args.workload == "uniform" else LONG_TAIL_MAX_RESPONSE_TOKENS,
         "colocated_step_s": round(colocated["step_s"], 4),
@@ -182,6 +210,7 @@ def main() -> None:
         "async_first_reward": round(fully_async["first_reward"], 4),
         "async_staleness_max": fully_async["staleness_max"],
         "async_evicted_stale": fully_async["evicted_stale"],
+        "generated_per_trained": {mode: round(results[mode]["generated_per_trained"], 3) for mode in results},
     }))
 
 
