@@ -157,13 +157,14 @@ def test_the_trainer_s_wait_ends_when_no_group_arrives_and_says_what_each_side_w
     ray.kill(run.buffer.actor)
 
 
-def settles(read, timeout_s: float = 30.0, still_s: float = 1.0):
-    """`read()` once it has not changed for `still_s` (the producer went as far as it may)."""
+def settles(read, timeout_s: float = 30.0, still_s: float = 1.0, moved_from=None):
+    """`read()` once it has not changed for `still_s` (the producer went as far as it may), and no
+    longer equals `moved_from` if given (the producer has started: a slow start is no stop)."""
     deadline, last, since = time.monotonic() + timeout_s, read(), time.monotonic()
     while time.monotonic() < deadline:
         time.sleep(0.1)
         now = read()
-        if now != last:
+        if now != last or now == moved_from:
             last, since = now, time.monotonic()
         elif time.monotonic() - since >= still_s:
             return now
@@ -184,7 +185,7 @@ def test_the_producer_streams_one_group_per_finished_one_within_its_quota_the_ba
     assert producer.quota == 16
     producer.start()
     try:
-        assert settles(lambda: router.num_generated) == 16  # the quota: 2 batches kept per published version
+        assert settles(lambda: router.num_generated, moved_from=0) == 16, producer.error  # the quota: 2 batches kept per published version
         assert router.adds[0] == (6, 0) and set(router.adds[1:]) == {(1, 5)}
         assert sum(n for n, _ in router.adds) == 16
         assert run.buffer.metrics()["num_queued"] == 16
@@ -206,6 +207,24 @@ def test_the_producer_streams_one_group_per_finished_one_within_its_quota_the_ba
         producer.join(timeout=10)
     assert not producer.is_alive() and producer.error is None
     assert router.closed_with is not None and len(router.closed_with) == 6
+    ray.kill(run.buffer.actor)
+
+
+def test_the_producer_tops_up_in_steps_of_a_quarter_of_its_target(ray_session, tmp_path):
+    """A top-up costs a reservation and an engine call on the driver's core: the producer sends
+    once a quarter of its target has finished (the end of its window in one go), not per group."""
+    router = InstantRouter(4, flat=lambda prompt_id: False, per_call=1)
+    run = a_run(tmp_path, ["pipeline.mode=async", "pipeline.batch_size_prompts=7", "pipeline.num_groups_in_flight=8",
+                           "buffer.staleness_threshold=1.0", "rollout.sampling.num_samples_per_prompt=4"], router)
+    producer = Producer(run)
+    assert producer.quota == 14
+    producer.start()
+    try:
+        assert settles(lambda: router.num_generated, moved_from=0) == 14
+    finally:
+        producer.stopping.set()
+        producer.join(timeout=10)
+    assert producer.top_up_step == 2 and router.adds == [(8, 0), (2, 6), (2, 6), (2, 6)], router.adds
     ray.kill(run.buffer.actor)
 
 

@@ -88,6 +88,7 @@ class Producer(threading.Thread):
         self.quota = capacity_groups(pipeline.batch_size_prompts, pipeline.trigger_parameter_sync_step,
                                      run.config.buffer.staleness_threshold)
         self.target = pipeline.num_groups_in_flight or pipeline.batch_size_prompts  # `start` fills the engines
+        self.top_up_step = 1
         self.published = threading.Condition()
         self.published_version = run.policy_version
         self.stopping = threading.Event()
@@ -106,6 +107,7 @@ class Producer(threading.Thread):
         if config.pipeline.num_groups_in_flight is None:
             self.target = groups_to_fill(router.capacity(), config.rollout.sampling.num_samples_per_prompt,
                                          config.rollout.num_engines, config.pipeline.batch_size_prompts)
+        self.top_up_step = max(1, self.target // 4)
         self.time_metrics()  # the baseline: each step reports the time since the one before
         super().start()
 
@@ -140,13 +142,18 @@ class Producer(threading.Thread):
             if self.published_version != self.version:  # a publish opened the next window
                 self.version, self.num_kept, self.in_window = self.published_version, 0, set()
             # The engines' room counts groups generating; the window's, groups not yet put back.
-            room = min(self.target - stream.num_in_flight, self.quota - self.num_kept - len(self.in_window))
-            if room <= 0 and stream.num_in_flight < self.target:
+            engine_room = self.target - stream.num_in_flight
+            window_room = self.quota - self.num_kept - len(self.in_window)
+            room = min(engine_room, window_room)
+            if room <= 0 and engine_room > 0:
                 self.clock.switch("blocked")
                 if not self.num_in_flight:
                     self.published.wait(timeout=0.5)
                 return
-        if room <= 0:
+        # Top up in steps of `top_up_step` groups (what is left of the window, if less): each top-up
+        # costs a reservation and an engine call on the driver's core, which the trainer shares on a
+        # small machine; the queued groups keep the engines' slots full meanwhile.
+        if room <= 0 or (stream.num_in_flight and room < min(self.top_up_step, window_room)):
             self.clock.switch("working")
             return
         pending = run.buffer.num_pending()
