@@ -2,8 +2,9 @@
 trainer consumes batches as soon as they are ready, on separate devices.
 
 The rollout side streams (`Producer`): it keeps `pipeline.num_groups_in_flight` groups generating
-(by default enough to fill every engine's `max_num_seqs`), and as each group finishes it is scored
-and put in the buffer and the next prompt is sent, so the engines stay full while the longest
+(by default twice what fills every engine's `max_num_seqs`: a group holds its slots until its
+longest sample ends), each group is scored and put in the buffer as it finishes, and new prompts
+are sent once a quarter of that number has finished, so the engines stay full while the longest
 responses of a batch run (a long tail costs colocated mode a nearly empty engine; here only its own
 slots). `rollout/occupancy` in each step's metrics says how full the engines were.
 
@@ -60,10 +61,10 @@ from rlactors.runtime.state_clock import StateClock
 
 
 class Producer(threading.Thread):
-    """Driver-side rollout loop that streams: it keeps `target` groups generating on the engines
-    and tops them up as each finishes (reserve -> generate -> score -> put, one group at a time), so
-    a long response holds its own slot only, never the engines. Errors are kept in `error` for the
-    trainer loop to raise.
+    """Driver-side rollout loop that streams: it keeps `target` groups generating on the engines,
+    scores and puts each group as it finishes, and tops them up once `top_up_step` have finished
+    (reserve -> generate -> score -> put, no batch barrier), so a long response holds its own slot
+    only, never the engines. Errors are kept in `error` for the trainer loop to raise.
 
     The staleness bound: a window per published policy version, in which the groups reserved may
     fill at most `quota` groups the buffer keeps (`in_window` reserved and still in flight count as
