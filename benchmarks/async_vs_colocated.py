@@ -16,8 +16,10 @@ Two workloads (`--workload`):
   are all right or all wrong (`--dynamic-sampling off` keeps them), and bypass mode spares the
   old-logprob pass. The lengths are the model's own: nothing forces them. Here a colocated step
   waits for its longest response with its engine nearly empty, once per generation round, and
-  async streams past it; two batches of look-ahead (`staleness_threshold` 2) keep its engine busy
-  while the trainer trains, and `max_staleness` 4 lets a long response span the syncs it takes.
+  async streams past it: 32 groups in flight (twice what fills its 128 slots, as a group holds its
+  slots until its longest sample ends) and two batches of look-ahead (`staleness_threshold` 2) keep
+  its engine busy while the trainer trains, and `max_staleness` 4 lets a long response span the
+  syncs it takes.
 Either way the final rewards say whether both modes learn alike.
 
 In the async run, per timed step (the first `NUM_WARMUP_STEPS` are not timed), from its metrics:
@@ -92,8 +94,10 @@ def overrides(mode: str, workload: str, model_path: Path, output_dir: Path, num_
     if mode == "async":
         # The long tail: two batches of look-ahead keep the engine streaming while the trainer trains
         # one, and a long response may span the four syncs it can take.
+        # Twice the groups that fill the engine's 128 slots: a group holds its slots until its longest
+        # sample ends.
         look_ahead = ["buffer.staleness_threshold=1.0", "buffer.max_staleness=1"] if workload == "uniform" else \
-            ["buffer.staleness_threshold=2.0", "buffer.max_staleness=4"]
+            ["buffer.staleness_threshold=2.0", "buffer.max_staleness=4", "pipeline.num_groups_in_flight=32"]
         common += [*look_ahead, "rollout.partial_rollout=true", "algorithm.rollout_correction.importance_level=token",
                    "rollout.cpu_cores=[0]", "trainer.cpu_cores=[1]"]
     return common

@@ -393,9 +393,9 @@ class PipelineConfig(Section):
     num_groups_in_flight: int | None = Field(
         None, ge=1, description="Async mode: groups the producer keeps generating at once, topping up as each one "
         "finishes (within the staleness quota and the buffer's backpressure), so the engines never wait for a batch's "
-        "longest response. null: twice the groups whose samples fill every engine's max_num_seqs (a group is topped "
-        "up once its longest sample ends; the rest wait in vLLM's queue for the slots its shorter samples free), "
-        "and at least batch_size_prompts.",
+        "longest response; it tops up once a quarter of them finished. null: enough to fill every engine's "
+        "max_num_seqs with the groups' samples, plus one group per engine, and at least batch_size_prompts. "
+        "Long-tailed responses: about twice that (a group is topped up only once its longest sample ends).",
     )
     batch_timeout_s: float | None = Field(
         None, gt=0, description="Async mode: most seconds the trainer waits for its next batch while no group reaches "
