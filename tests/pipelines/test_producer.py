@@ -231,8 +231,8 @@ def test_the_producer_tops_up_in_steps_of_a_quarter_of_its_target(ray_session, t
 def test_groups_to_fill_the_engines():
     from rlactors.pipelines.fully_async import groups_to_fill
 
-    assert groups_to_fill(capacity=256, num_samples=8, num_engines=1, batch_size=16) == 33  # 32 fill it, 1 spare
-    assert groups_to_fill(capacity=2 * 100, num_samples=8, num_engines=2, batch_size=16) == 27  # ceil(200 / 8) + 2
+    assert groups_to_fill(capacity=256, num_samples=8, num_engines=1, batch_size=16) == 32  # 32 fill it
+    assert groups_to_fill(capacity=2 * 100, num_samples=8, num_engines=2, batch_size=16) == 26  # 2 x ceil(100 / 8)
     assert groups_to_fill(capacity=64, num_samples=8, num_engines=1, batch_size=16) == 16  # at least a batch
 
 

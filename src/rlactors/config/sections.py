@@ -394,7 +394,7 @@ class PipelineConfig(Section):
         None, ge=1, description="Async mode: groups the producer keeps generating at once, topping up as each one "
         "finishes (within the staleness quota and the buffer's backpressure), so the engines never wait for a batch's "
         "longest response; it tops up once a quarter of them finished. null: enough to fill every engine's "
-        "max_num_seqs with the groups' samples, plus one group per engine, and at least batch_size_prompts. "
+        "max_num_seqs with the groups' samples, and at least batch_size_prompts. "
         "Long-tailed responses: about twice that (a group is topped up only once its longest sample ends).",
     )
     batch_timeout_s: float | None = Field(
