@@ -391,9 +391,9 @@ class PipelineConfig(Section):
         "before failing with the resources that are missing.",
     )
     num_groups_in_flight: int | None = Field(
-        None, ge=1, description="Async mode: groups the producer keeps generating at once, topping up as each one "
-        "finishes (within the staleness quota and the buffer's backpressure), so the engines never wait for a batch's "
-        "longest response; it tops up once a quarter of them finished. null: enough to fill every engine's "
+        None, ge=1, description="Async mode: groups the producer keeps generating at once, topping up once a quarter "
+        "of them finished (within the staleness quota and the buffer's backpressure), so the engines never wait for "
+        "a batch's longest response. null: enough to fill every engine's "
         "max_num_seqs with the groups' samples, and at least batch_size_prompts. "
         "Long-tailed responses: about twice that (a group is topped up only once its longest sample ends).",
     )
