@@ -4,9 +4,8 @@ trainer consumes batches as soon as they are ready, on separate devices.
 The rollout side streams (`Producer`): it keeps `pipeline.num_groups_in_flight` groups generating
 (by default enough to fill every engine's `max_num_seqs`), scores and puts each group in the buffer
 as it finishes, and sends new prompts once a quarter of that number has finished, so the engines
-stay full while the longest
-responses of a batch run (a long tail costs colocated mode a nearly empty engine; here only its own
-slots). `rollout/occupancy` in each step's metrics says how full the engines were.
+stay full while the longest responses of a batch run (a long tail costs colocated mode a nearly
+empty engine; here only its own slots). `rollout/occupancy` in each step's metrics says how full the engines were.
 
 Staleness is bounded twice. The producer generates until the buffer has kept `capacity_groups`
 (= (1 + staleness_threshold) x batch_size_prompts x trigger_parameter_sync_step) groups since the
