@@ -93,9 +93,8 @@ def overrides(mode: str, workload: str, model_path: Path, output_dir: Path, num_
     ]
     if mode == "async":
         # The long tail: two batches of look-ahead keep the engine streaming while the trainer trains
-        # one, and a long response may span the four syncs it can take.
-        # Twice the groups that fill the engine's 128 slots: a group holds its slots until its longest
-        # sample ends.
+        # one, a long response may span the four syncs it can take, and twice the groups that fill the
+        # engine's 128 slots are in flight (a group holds its slots until its longest sample ends).
         look_ahead = ["buffer.staleness_threshold=1.0", "buffer.max_staleness=1"] if workload == "uniform" else \
             ["buffer.staleness_threshold=2.0", "buffer.max_staleness=4", "pipeline.num_groups_in_flight=32"]
         common += [*look_ahead, "rollout.partial_rollout=true", "algorithm.rollout_correction.importance_level=token",
@@ -180,18 +179,19 @@ def main() -> None:
                         help="a model folder to start from instead of building (and warming up) one")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="async_vs_colocated_"))
+    dynamic_sampling = args.workload == "long-tail" and args.dynamic_sampling == "on"
     model_path = starting_model(args.workload, work, args.start_model)
     results = {}
     for mode in ("colocated", "async"):
         results[mode] = run_mode(mode, args.workload, model_path, work, args.num_steps, args.max_response_tokens,
-                                 args.workload == "long-tail" and args.dynamic_sampling == "on")
+                                 dynamic_sampling)
         print(mode, json.dumps(results[mode]), flush=True)
     colocated, fully_async = results["colocated"], results["async"]
     step_s, generating_s = fully_async["step_s"], fully_async["rollout_s"]["generating"]
     busier = "trainer" if fully_async["trainer_busy_s"] >= generating_s else "rollout"
     print(json.dumps({
         "workload": args.workload,
-        "dynamic_sampling": args.workload == "long-tail" and args.dynamic_sampling == "on",
+        "dynamic_sampling": dynamic_sampling,
         "num_steps": args.num_steps,
         "max_response_tokens": args.max_response_tokens if args.workload == "uniform" else LONG_TAIL_MAX_RESPONSE_TOKENS,
         "colocated_step_s": round(colocated["step_s"], 4),
