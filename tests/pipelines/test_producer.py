@@ -33,13 +33,13 @@ class InstantRouter:
     `flat(prompt_id)` says which prompts score 0 on every sample (zero variance: dynamic sampling
     drops them), the others score 0 and 1 in turn. After `stop_after` groups its stream goes quiet,
     as a stalled engine's, until `resume` is set. `adds` records, per `add`, how many groups came
-    and how many were in flight before."""
+    and how many were in flight before; `num_reads` counts the reads of its stream."""
 
     def __init__(self, num_samples: int, flat, stop_after: int | None = None, per_call: int | None = None,
                  capacity: int = 0):
         self.num_samples, self.flat, self.stop_after, self.per_call = num_samples, flat, stop_after, per_call
         self.max_num_seqs = capacity
-        self.policy_version, self.num_generated = 0, 0
+        self.policy_version, self.num_generated, self.num_reads = 0, 0, 0
         self.resume = threading.Event()
         self.adds: list[tuple[int, int]] = []
         self.closed_with: list[str] | None = None  # the group_ids in flight when the producer closed its stream
@@ -78,6 +78,7 @@ class InstantStream:
 
     def next_done(self, timeout_s: float):
         router, done = self.router, []
+        router.num_reads += 1
         while self.queue and (router.per_call is None or len(done) < router.per_call):
             if router.stop_after is not None and router.num_generated >= router.stop_after \
                     and not router.resume.is_set():
@@ -225,6 +226,34 @@ def test_the_producer_tops_up_in_steps_of_a_quarter_of_its_target(ray_session, t
         producer.stopping.set()
         producer.join(timeout=10)
     assert producer.top_up_step == 2 and router.adds == [(8, 0), (2, 6), (2, 6), (2, 6)], router.adds
+    ray.kill(run.buffer.actor)
+
+
+@ray.remote
+def slow_score(group: Group, delay_s: float) -> Group:
+    time.sleep(delay_s)
+    return group
+
+
+def test_the_producer_waits_on_its_puts_instead_of_spinning(ray_session, tmp_path):
+    """Every group generated and its scoring slow: the producer, which shares the driver's core
+    with the trainer loop, waits on the puts in flight instead of looping over an empty stream."""
+    router = InstantRouter(2, flat=lambda prompt_id: False)
+    run = a_run(tmp_path, ["pipeline.mode=async", "pipeline.batch_size_prompts=4", "pipeline.num_groups_in_flight=4",
+                           "buffer.staleness_threshold=0", "rollout.sampling.num_samples_per_prompt=2"], router)
+    run.reward = SimpleNamespace(score=lambda ref: slow_score.remote(ref, 3.0))
+    producer = Producer(run)
+    producer.start()
+    try:
+        assert settles(lambda: router.num_generated, moved_from=0, still_s=0.5) == 4  # the quota, then puts pending
+        reads = router.num_reads
+        time.sleep(1.0)
+        assert producer.num_in_flight == 4  # still scoring: the second above saw only waits on the puts
+        assert router.num_reads - reads <= 15, router.num_reads - reads  # a wait is 0.2 s; a spin reads thousands
+    finally:
+        producer.stopping.set()
+        producer.join(timeout=10)
+    assert producer.error is None
     ray.kill(run.buffer.actor)
 
 

@@ -58,6 +58,9 @@ from rlactors.pipelines.common import (
 from rlactors.pipelines.warm import WarmActors
 from rlactors.runtime.state_clock import StateClock
 
+# The longest the producer waits on the engines or its puts before it looks at `stopping` and tops up.
+WAIT_S = 0.2
+
 
 class Producer(threading.Thread):
     """Driver-side rollout loop that streams: it keeps `target` groups generating on the engines,
@@ -125,10 +128,13 @@ class Producer(threading.Thread):
         try:
             while not self.stopping.is_set():
                 self._top_up(stream)
-                for summary, group_ref in stream.next_done(timeout_s=0.2 if self.num_in_flight else 0.0):
+                # Wait a moment on what is in flight: the engines, else the puts (never spin: this
+                # thread shares the driver's core with the trainer loop).
+                generating = stream.num_in_flight
+                for summary, group_ref in stream.next_done(timeout_s=WAIT_S if generating else 0.0):
                     put = run.buffer.put_refs([run.reward.score(group_ref)])[0]
                     puts[put] = (summary.group_id, time.monotonic() + bound_s)
-                self._count_puts(puts, bound_s)
+                self._count_puts(puts, bound_s, wait_s=0.0 if generating else WAIT_S)
         except BaseException as error:  # noqa: BLE001 - surfaced by the trainer loop
             self.error = error
         finally:
@@ -169,10 +175,13 @@ class Producer(threading.Thread):
         self.in_window |= {r.group_id for r in requests}
         self.num_in_flight += len(requests)
 
-    def _count_puts(self, puts: dict, bound_s: float) -> None:
-        """Take the puts that landed: count those the buffer kept against their window's quota."""
+    def _count_puts(self, puts: dict, bound_s: float, wait_s: float) -> None:
+        """Take the puts that landed (waiting up to `wait_s` for the first): count those the buffer
+        kept against their window's quota."""
         if not puts:
             return
+        if wait_s:
+            ray.wait(list(puts), num_returns=1, timeout=wait_s)
         landed, _ = ray.wait(list(puts), num_returns=len(puts), timeout=0)
         for put in landed:
             group_id, _ = puts.pop(put)
