@@ -16,6 +16,7 @@ from rlactors.config import load_config
 from rlactors.data import PromptDataset, read_parquet_rows
 from rlactors.data.synthetic import write_task
 from rlactors.models import build_char_tokenizer
+from rlactors.pipelines import fully_async
 from rlactors.pipelines.fully_async import Producer, next_batch
 from rlactors.types import Group, Sample
 
@@ -226,6 +227,52 @@ def test_the_producer_tops_up_in_steps_of_a_quarter_of_its_target(ray_session, t
         producer.stopping.set()
         producer.join(timeout=10)
     assert producer.top_up_step == 2 and router.adds == [(8, 0), (2, 6), (2, 6), (2, 6)], router.adds
+    ray.kill(run.buffer.actor)
+
+
+class CountingBuffer:
+    """The real buffer's client, counting the producer's reservations."""
+
+    def __init__(self, buffer: BufferClient):
+        self.buffer, self.num_reserves = buffer, 0
+
+    def reserve(self, *args, **kwargs):
+        self.num_reserves += 1
+        return self.buffer.reserve(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.buffer, name)
+
+
+def test_a_refused_reservation_is_asked_again_when_the_trainer_frees_room_not_in_a_loop(
+        ray_session, tmp_path, monkeypatch):
+    """Groups in flight and the buffer full: the producer does not ask it again and again (each
+    ask costs buffer calls on the driver's core), but at once when the trainer loop has freed room."""
+    monkeypatch.setattr(fully_async, "RETRY_S", 600.0)  # only a freeing asks again
+    router = InstantRouter(4, flat=lambda prompt_id: False, per_call=1, stop_after=6)
+    run = a_run(tmp_path, ["pipeline.mode=async", "pipeline.batch_size_prompts=4", "pipeline.num_groups_in_flight=6",
+                           "buffer.staleness_threshold=1.0", "buffer.max_staleness=4",
+                           "rollout.sampling.num_samples_per_prompt=4"], router)
+    run.buffer = buffer = CountingBuffer(run.buffer)
+    producer = Producer(run)
+    producer.start()
+    try:
+        # 6 groups put, the quota's last 2 sent and stalled: 8 ahead, the buffer's capacity.
+        assert settles(lambda: (router.num_generated, producer.num_in_flight), moved_from=(0, 0)) == (6, 2)
+        run.policy_version = router.policy_version = 1  # a publish opens the next window: room 4 on the engines
+        run.buffer.set_policy_version(1)
+        producer.on_published(1)
+        refused = settles(lambda: buffer.num_reserves, still_s=2.0)  # asked once, refused, and not again
+        assert producer.num_in_flight == 2
+        sampled = next_batch(run, producer, timeout_s=30.0)
+        run.buffer.ack(sampled.batch_id)  # room for 4
+        producer.on_buffer_freed()
+        assert settles(lambda: buffer.num_reserves) == refused + 1
+        assert router.adds[-1] == (4, 2), router.adds
+    finally:
+        producer.stopping.set()
+        producer.join(timeout=10)
+    assert producer.error is None
     ray.kill(run.buffer.actor)
 
 

@@ -60,6 +60,9 @@ from rlactors.runtime.state_clock import StateClock
 
 # The longest the producer waits on the engines or its puts before it looks at `stopping` and tops up.
 WAIT_S = 0.2
+# After the buffer refused a reservation (backpressure), the producer asks again when the trainer
+# sampled or acked a batch, or a put was dropped (what frees room), and at least this often.
+RETRY_S = 1.0
 
 
 class Producer(threading.Thread):
@@ -94,6 +97,10 @@ class Producer(threading.Thread):
         self.top_up_step = 1
         self.published = threading.Condition()
         self.published_version = run.policy_version
+        # Backpressure: what may have freed room in the buffer, counted (a publish, a sample or an ack
+        # of the trainer loop, a dropped put), and the count and time when the buffer last refused.
+        self.num_frees = 0
+        self.refused: tuple[int, float] | None = None
         self.stopping = threading.Event()
         self.error: BaseException | None = None
         self.clock = StateClock(("working", "blocked"), "working")
@@ -118,6 +125,14 @@ class Producer(threading.Thread):
         """Called by the trainer loop once the engines hold `policy_version`."""
         with self.published:
             self.published_version = policy_version
+            self.num_frees += 1
+            self.published.notify_all()
+
+    def on_buffer_freed(self) -> None:
+        """Called by the trainer loop after it sampled (evictions) or acked a batch: the buffer may
+        have room again for a reservation it refused."""
+        with self.published:
+            self.num_frees += 1
             self.published.notify_all()
 
     def run(self) -> None:
@@ -156,11 +171,19 @@ class Producer(threading.Thread):
                 if not self.num_in_flight:
                     self.published.wait(timeout=0.5)
                 return
+            # Refused by the buffer and nothing freed room since: not asked again (each ask is two
+            # or three buffer calls on the driver's core, which the trainer loop shares).
+            backpressure = self.num_in_flight and self.refused is not None and self.refused[0] == self.num_frees \
+                and time.monotonic() < self.refused[1] + RETRY_S
+            num_frees = self.num_frees
         # Top up in steps of `top_up_step` groups (what is left of the window, if less): each top-up
-        # costs a reservation and an engine call on the driver's core, which the trainer shares on a
-        # small machine; the queued groups keep the engines' slots full meanwhile.
+        # costs a reservation and an engine call on the driver's core; the queued groups keep the
+        # engines' slots full meanwhile.
         if room <= 0 or (stream.num_in_flight and room < min(self.top_up_step, window_room)):
             self.clock.switch("working")
+            return
+        if backpressure:
+            self.clock.switch("blocked")
             return
         pending = run.buffer.num_pending()
         if pending < room:
@@ -168,6 +191,7 @@ class Producer(threading.Thread):
         # Nothing in flight: wait in the buffer for room (backpressure); else ask and go on reading.
         requests = run.buffer.reserve(room, "producer", timeout_s=0.0 if self.num_in_flight else 0.5)
         if not requests:  # None under backpressure (the buffer is full): look at `stopping` and try again
+            self.refused = (num_frees, time.monotonic())
             self.clock.switch("blocked")
             return
         self.clock.switch("working")
@@ -187,6 +211,9 @@ class Producer(threading.Thread):
             group_id, _ = puts.pop(put)
             outcome = ray.get(put)  # raises what scoring or the put failed with
             self.num_in_flight -= 1
+            if not outcome["kept"]:  # a dropped group frees its room in the buffer
+                with self.published:
+                    self.num_frees += 1
             if group_id in self.in_window:
                 self.in_window.discard(group_id)
                 self.num_kept += outcome["kept"]
@@ -293,6 +320,7 @@ def run_fully_async(config: Config, model_path: str | None = None,
         while run.step < config.pipeline.num_steps:
             start = time.perf_counter()
             sampled = next_batch(run, producer)
+            producer.on_buffer_freed()  # the sample evicted what was too stale
             waited = time.perf_counter()
             batch, metrics = prepare_batch(run, sampled)
             metrics |= update(run, batch)
@@ -305,6 +333,7 @@ def run_fully_async(config: Config, model_path: str | None = None,
             # group's first tokens would carry the old version: one version staler than the rest
             # of the next batch, which with max_staleness 1 gets it evicted and generated again.
             run.buffer.ack(sampled.batch_id)
+            producer.on_buffer_freed()
             timings = {"step": time.perf_counter() - start, "gen": waited - start, "update": updated - waited}
             metrics |= producer.time_metrics()
             history.append(end_step(run, logger, sampled, metrics, timings))
