@@ -85,7 +85,12 @@ class Producer(threading.Thread):
     `blocked` while it has room on the engines but the staleness bound (the quota, the buffer's
     backpressure) lets it reserve nothing, else `working`; beside it, the engines' own clocks
     (generating, paused for a weight update, idle, and their occupancy: `RolloutRouter.clocks`). It
-    feeds the buffer before every reservation, so the engines never wait for lack of prompts."""
+    feeds the buffer before every reservation, so the engines never wait for lack of prompts.
+
+    It shares the driver's core with the trainer loop, so it never polls: it waits on the engines,
+    else on its puts (`WAIT_S`), and a reservation the buffer refused is asked again only once
+    something may have freed room (the trainer loop's `on_buffer_freed`, a publish, a dropped put)
+    or after `RETRY_S`."""
 
     def __init__(self, run: Run):
         super().__init__(name="rollout-producer", daemon=True)
